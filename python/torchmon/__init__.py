@@ -1,0 +1,79 @@
+"""torchmon: torch.monitor's Stat / Event / handler API, standalone and Rust-backed.
+
+``import torchmon as monitor`` runs code written for ``torch.monitor``
+unchanged; see docs/compatibility.md for the few deliberate differences.
+"""
+
+from __future__ import annotations
+
+import atexit
+import threading
+
+from . import _core
+from ._core import (
+    STAT_EVENT,
+    Aggregation,
+    Event,
+    EventHandlerHandle,
+    Stat,
+    data_value_t,
+    log_event,
+    register_event_handler,
+    unregister_event_handler,
+)
+from ._wait_counter import _WaitCounter, _WaitCounterTracker
+from .handlers.tensorboard import TensorboardEventHandler
+
+# torch.monitor exports the members at module level too.
+VALUE = Aggregation.VALUE
+MEAN = Aggregation.MEAN
+COUNT = Aggregation.COUNT
+SUM = Aggregation.SUM
+MAX = Aggregation.MAX
+MIN = Aggregation.MIN
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "COUNT",
+    "MAX",
+    "MEAN",
+    "MIN",
+    "STAT_EVENT",
+    "SUM",
+    "VALUE",
+    "Aggregation",
+    "Event",
+    "EventHandlerHandle",
+    "Stat",
+    "TensorboardEventHandler",
+    "_WaitCounter",
+    "_WaitCounterTracker",
+    "data_value_t",
+    "log_event",
+    "register_event_handler",
+    "unregister_event_handler",
+]
+
+
+def _install_exit_flush() -> None:
+    """Emit every live Stat's open window before the interpreter shuts down.
+
+    The flush must run before sinks close themselves at exit (tensorboardX
+    registers an ``atexit`` cleanup per writer, after torchmon was imported).
+    ``atexit`` runs handlers last-registered-first, so the flush is registered
+    from a threading-shutdown hook, which runs after non-daemon threads were
+    asked to finish and before any ``atexit`` handler. A plain ``atexit``
+    registration stays as a fallback; a second flush finds nothing to emit.
+    """
+    atexit.register(_core._flush_all_stats)
+    register_threading_atexit = getattr(threading, "_register_atexit", None)
+    if register_threading_atexit is not None:
+
+        def arm_flush_first() -> None:
+            atexit.register(_core._flush_all_stats)
+
+        register_threading_atexit(arm_flush_first)
+
+
+_install_exit_flush()

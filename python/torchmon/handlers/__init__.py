@@ -1,0 +1,5 @@
+"""Event handlers (sinks) for torchmon."""
+
+from .tensorboard import TensorboardEventHandler
+
+__all__ = ["TensorboardEventHandler"]

@@ -1,0 +1,43 @@
+//! torchmon's native core: torch.monitor's `Stat`, `Event` and handler
+//! registry. The logic lives in PyO3-free modules (`aggregation`, `clock`,
+//! `registry`, `stat`); the `py_*` modules are the thin binding layer.
+#![deny(clippy::undocumented_unsafe_blocks)]
+
+pub mod aggregation;
+pub mod clock;
+pub mod registry;
+pub mod stat;
+
+mod py_aggregation;
+mod py_clock;
+mod py_convert;
+mod py_event;
+mod py_registry;
+mod py_stat;
+
+use pyo3::prelude::*;
+
+#[pymodule]
+mod _core {
+    #[pymodule_export]
+    use crate::py_aggregation::PyAggregation;
+    #[pymodule_export]
+    use crate::py_clock::{_clock_ms, _clock_override_ms, _set_clock_ms};
+    #[pymodule_export]
+    use crate::py_event::{DataValueT, Event};
+    #[pymodule_export]
+    use crate::py_registry::{
+        _handler_count, EventHandlerHandle, log_event, register_event_handler,
+        unregister_event_handler,
+    };
+    #[pymodule_export]
+    use crate::py_stat::{_flush_all_stats, _live_stat_count, Stat};
+
+    use super::*;
+
+    #[pymodule_init]
+    fn init(m: &Bound<'_, PyModule>) -> PyResult<()> {
+        m.add("STAT_EVENT", crate::py_stat::STAT_EVENT)?;
+        Ok(())
+    }
+}

@@ -1,0 +1,33 @@
+//! The clock override behind `torchmon.testing.ManualClock`.
+
+use pyo3::exceptions::PyValueError;
+use pyo3::prelude::*;
+
+use crate::clock;
+
+/// Sets the time (ms) every Stat reads, or restores the real clock with
+/// `None`; returns the previous override.
+#[pyfunction]
+#[pyo3(signature = (ms))]
+pub fn _set_clock_ms(ms: Option<i64>) -> PyResult<Option<i64>> {
+    if let Some(ms) = ms
+        && ms < clock::MIN_OVERRIDE_MS
+    {
+        return Err(PyValueError::new_err(format!(
+            "the test clock cannot be set before 0 ms (got {ms})"
+        )));
+    }
+    Ok(clock::set_override_ms(ms))
+}
+
+/// The time (ms) Stats read now: the override if set, else the monotonic clock.
+#[pyfunction]
+pub fn _clock_ms() -> i64 {
+    clock::now_ms()
+}
+
+/// The override in force, if any.
+#[pyfunction]
+pub fn _clock_override_ms() -> Option<i64> {
+    clock::override_ms()
+}

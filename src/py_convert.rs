@@ -1,0 +1,214 @@
+//! Argument conversion shared by the bindings: strings, event data values,
+//! numbers. Every failure is a `TypeError`/`ValueError` naming the argument.
+
+use pyo3::exceptions::{PyRuntimeError, PyTypeError, PyValueError};
+use pyo3::prelude::*;
+use pyo3::sync::PyOnceLock;
+use pyo3::types::{PyBool, PyByteArray, PyBytes, PyFloat, PyInt, PyString, PyType};
+
+pub fn type_name(obj: &Bound<'_, PyAny>) -> String {
+    obj.get_type()
+        .name()
+        .map(|n| n.to_string())
+        .unwrap_or_else(|_| "?".to_owned())
+}
+
+/// How a str with a lone surrogate (not encodable as UTF-8) is reported:
+/// torch raises `RuntimeError` for an Event data value, `TypeError` elsewhere.
+#[derive(Clone, Copy)]
+pub enum Surrogates {
+    TypeError,
+    RuntimeError,
+}
+
+/// A string argument: `str` (subclasses become the base type), or
+/// `bytes`/`bytearray` decoded as UTF-8. Returns `None` for other types so
+/// that callers can try further conversions.
+pub fn try_string<'py>(
+    value: &Bound<'py, PyAny>,
+    what: &str,
+    surrogates: Surrogates,
+) -> PyResult<Option<Bound<'py, PyString>>> {
+    let py = value.py();
+    if let Ok(s) = value.cast::<PyString>() {
+        if let Err(err) = s.to_str() {
+            let message = format!("{what} must be encodable as UTF-8 (it holds a lone surrogate)");
+            let new_err = match surrogates {
+                Surrogates::TypeError => PyTypeError::new_err(message),
+                Surrogates::RuntimeError => PyRuntimeError::new_err(message),
+            };
+            new_err.set_cause(py, Some(err));
+            return Err(new_err);
+        }
+        if s.is_exact_instance_of::<PyString>() {
+            return Ok(Some(s.clone()));
+        }
+        // A str subclass keeps only its text, as the base type.
+        return Ok(Some(PyString::new(py, s.to_str()?)));
+    }
+    let bytes: Option<Vec<u8>> = if let Ok(b) = value.cast::<PyBytes>() {
+        Some(b.as_bytes().to_vec())
+    } else if let Ok(b) = value.cast::<PyByteArray>() {
+        Some(b.to_vec())
+    } else {
+        None
+    };
+    match bytes {
+        None => Ok(None),
+        Some(bytes) => match std::str::from_utf8(&bytes) {
+            Ok(text) => Ok(Some(PyString::new(py, text))),
+            Err(err) => Err(PyValueError::new_err(format!(
+                "{what} must be valid UTF-8 ({err})"
+            ))),
+        },
+    }
+}
+
+/// A required string argument (`TypeError` for anything but str/bytes).
+pub fn string_arg<'py>(
+    value: &Bound<'py, PyAny>,
+    what: &str,
+    surrogates: Surrogates,
+) -> PyResult<Bound<'py, PyString>> {
+    try_string(value, what, surrogates)?.ok_or_else(|| {
+        PyTypeError::new_err(format!(
+            "{what} must be a str (or UTF-8 bytes), not {}",
+            type_name(value)
+        ))
+    })
+}
+
+/// numpy's scalar kind for `value` (`'b'`, `'i'`, `'u'`, `'f'`, ...), found by
+/// duck typing so the core never imports numpy.
+fn numpy_kind(value: &Bound<'_, PyAny>) -> Option<char> {
+    let py = value.py();
+    let module = value.get_type().module().ok()?;
+    if module.to_str().ok()? != "numpy" {
+        return None;
+    }
+    let kind = value
+        .getattr(pyo3::intern!(py, "dtype"))
+        .ok()?
+        .getattr(pyo3::intern!(py, "kind"))
+        .ok()?;
+    kind.extract::<String>().ok()?.chars().next()
+}
+
+fn int64_value<'py>(value: &Bound<'py, PyAny>, what: &str) -> PyResult<Bound<'py, PyAny>> {
+    let py = value.py();
+    let index = value
+        .call_method0(pyo3::intern!(py, "__index__"))
+        .map_err(|err| {
+            let new_err = PyTypeError::new_err(format!("{what}: cannot read the integer"));
+            new_err.set_cause(py, Some(err));
+            new_err
+        })?;
+    match index.extract::<i64>() {
+        Ok(v) => Ok(v.into_pyobject(py)?.into_any()),
+        Err(_) => Err(PyValueError::new_err(format!(
+            "{what} is out of the int64 range"
+        ))),
+    }
+}
+
+/// An Event data value, normalised to exact `str`, `int` (int64), `float`
+/// or `bool`.
+pub fn data_value<'py>(value: &Bound<'py, PyAny>, key: &str) -> PyResult<Bound<'py, PyAny>> {
+    let py = value.py();
+    if value.is_exact_instance_of::<PyFloat>()
+        || value.is_exact_instance_of::<PyBool>()
+        || value.is_exact_instance_of::<PyString>()
+    {
+        if let Ok(s) = value.cast::<PyString>()
+            && s.to_str().is_err()
+        {
+            // Let try_string raise the documented error.
+            return string_value(value, key);
+        }
+        return Ok(value.clone());
+    }
+    if value.is_instance_of::<PyBool>() {
+        return Ok(PyBool::new(py, value.is_truthy()?).to_owned().into_any());
+    }
+    if value.is_instance_of::<PyInt>() {
+        return int64_value(value, &format!("Event data value for key {key:?}"));
+    }
+    if let Ok(f) = value.cast::<PyFloat>() {
+        return Ok(PyFloat::new(py, f.value()).into_any());
+    }
+    if value.is_instance_of::<PyString>()
+        || value.is_instance_of::<PyBytes>()
+        || value.is_instance_of::<PyByteArray>()
+    {
+        return string_value(value, key);
+    }
+    match numpy_kind(value) {
+        Some('b') => Ok(PyBool::new(py, value.is_truthy()?).to_owned().into_any()),
+        Some('i' | 'u') => int64_value(value, &format!("Event data value for key {key:?}")),
+        Some('f') => Ok(PyFloat::new(py, value.extract::<f64>()?).into_any()),
+        _ => Err(PyTypeError::new_err(format!(
+            "Event data value for key {key:?} must be str, int, float or bool, not {}",
+            type_name(value)
+        ))),
+    }
+}
+
+fn string_value<'py>(value: &Bound<'py, PyAny>, key: &str) -> PyResult<Bound<'py, PyAny>> {
+    Ok(string_arg(
+        value,
+        &format!("Event data value for key {key:?}"),
+        Surrogates::RuntimeError,
+    )?
+    .into_any())
+}
+
+/// A sample for `Stat.add`: what `float(v)` accepts the way pybind11 does.
+#[inline]
+pub fn sample(value: &Bound<'_, PyAny>) -> PyResult<f64> {
+    if let Ok(f) = value.cast_exact::<PyFloat>() {
+        return Ok(f.value());
+    }
+    sample_slow(value)
+}
+
+#[cold]
+fn sample_slow(value: &Bound<'_, PyAny>) -> PyResult<f64> {
+    if value.is_instance_of::<PyString>()
+        || value.is_instance_of::<PyBytes>()
+        || value.is_instance_of::<PyByteArray>()
+    {
+        return Err(not_a_number(value, None));
+    }
+    value
+        .extract::<f64>()
+        .map_err(|err| not_a_number(value, Some(err)))
+}
+
+fn not_a_number(value: &Bound<'_, PyAny>, cause: Option<PyErr>) -> PyErr {
+    let err = PyTypeError::new_err(format!(
+        "Stat.add(): value must be a real number (float, int, bool or an object with __float__), not {}",
+        type_name(value)
+    ));
+    err.set_cause(value.py(), cause);
+    err
+}
+
+/// `datetime.datetime.now` (naive local time), looked up once.
+pub fn datetime_now(py: Python<'_>) -> PyResult<Bound<'_, PyAny>> {
+    static NOW: PyOnceLock<Py<PyAny>> = PyOnceLock::new();
+    NOW.get_or_try_init(py, || -> PyResult<Py<PyAny>> {
+        Ok(py
+            .import("datetime")?
+            .getattr("datetime")?
+            .getattr("now")?
+            .unbind())
+    })?
+    .bind(py)
+    .call0()
+}
+
+/// The `datetime.timedelta` type, looked up once.
+pub fn timedelta_type(py: Python<'_>) -> PyResult<&Bound<'_, PyType>> {
+    static TIMEDELTA: PyOnceLock<Py<PyType>> = PyOnceLock::new();
+    TIMEDELTA.import(py, "datetime", "timedelta")
+}

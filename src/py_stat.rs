@@ -1,0 +1,369 @@
+//! `Stat`: the binding around `stat::Stat`, emitting closed windows as Events.
+
+use parking_lot::Mutex;
+use pyo3::exceptions::{PyTypeError, PyValueError};
+use pyo3::prelude::*;
+use pyo3::sync::PyOnceLock;
+use pyo3::types::{PyBool, PyDelta, PyDeltaAccess, PyDict, PyFloat, PyInt, PyList, PyString};
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, LazyLock, Weak};
+
+use crate::aggregation::Aggregation;
+use crate::py_aggregation::PyAggregation;
+use crate::py_convert::{Surrogates, datetime_now, sample, string_arg, type_name};
+use crate::py_event::Event;
+use crate::py_registry::{HANDLERS, dispatch};
+use crate::stat::{Closed, Stat as CoreStat, WindowStats};
+
+pub const STAT_EVENT: &str = "torch.monitor.Stat";
+
+/// One configured aggregation, with its Python member and event key made once.
+struct Output {
+    aggregation: Aggregation,
+    member: Py<PyAggregation>,
+    key: Py<PyString>,
+}
+
+pub struct StatShared {
+    core: CoreStat,
+    name: Py<PyString>,
+    outputs: Vec<Output>,
+    max_samples: i64,
+}
+
+/// Every live Stat, so that their open windows are emitted at interpreter exit.
+static LIVE: LazyLock<Mutex<HashMap<u64, Weak<StatShared>>>> =
+    LazyLock::new(|| Mutex::new(HashMap::new()));
+static NEXT_LIVE_ID: AtomicU64 = AtomicU64::new(0);
+/// Set once the exit flush ran: later destructions must not call into a
+/// finalizing interpreter.
+static AT_EXIT: AtomicBool = AtomicBool::new(false);
+
+fn stat_event_name(py: Python<'_>) -> &Bound<'_, PyString> {
+    static NAME: PyOnceLock<Py<PyString>> = PyOnceLock::new();
+    NAME.get_or_init(py, || PyString::intern(py, STAT_EVENT).unbind())
+        .bind(py)
+}
+
+impl StatShared {
+    /// Dispatches one closed window as a `torch.monitor.Stat` event.
+    fn emit_window(&self, py: Python<'_>, window: &WindowStats) -> PyResult<()> {
+        let Some(snapshot) = HANDLERS.snapshot() else {
+            return Ok(());
+        };
+        let data = PyDict::new(py);
+        for output in &self.outputs {
+            data.set_item(output.key.bind(py), window.get(output.aggregation))?;
+        }
+        let timestamp = datetime_now(py)?.unbind();
+        let name = stat_event_name(py).clone().unbind();
+        let data = data.unbind();
+        // Each handler gets its own Event (renaming one must not affect the
+        // next). They may share the dict: an Event never hands it out.
+        dispatch(py, &snapshot, |_| {
+            let event = Event::from_parts(
+                name.clone_ref(py),
+                timestamp.clone_ref(py),
+                data.clone_ref(py),
+            );
+            Ok(Bound::new(py, event)?.into_any())
+        })
+    }
+
+    fn emit(&self, py: Python<'_>, closed: &Closed) -> PyResult<()> {
+        let mut first_error: Option<PyErr> = None;
+        for window in closed.iter() {
+            if let Err(err) = self.emit_window(py, window) {
+                match first_error {
+                    None => first_error = Some(err),
+                    Some(_) => err.write_unraisable(py, Some(self.name.bind(py).as_any())),
+                }
+            }
+        }
+        first_error.map_or(Ok(()), Err)
+    }
+
+    /// Emits the open window, reporting handler errors as unraisable
+    /// (there is no caller to raise them to).
+    fn flush_unraisable(&self, py: Python<'_>, context: &str) {
+        if let Some(window) = self.core.flush()
+            && let Err(err) = self.emit_window(py, &window)
+        {
+            let context = PyString::new(
+                py,
+                &format!("torchmon.Stat({}) {context}", self.name.bind(py)),
+            );
+            err.write_unraisable(py, Some(context.as_any()));
+        }
+    }
+}
+
+/// Windowed aggregation of float samples; each closed window is logged as
+/// a `torch.monitor.Stat` event.
+#[pyclass(name = "Stat", module = "torchmon", frozen)]
+pub struct Stat {
+    shared: Arc<StatShared>,
+    live_id: u64,
+}
+
+/// Whole milliseconds of a window size, validated (type phase).
+enum WindowArg {
+    Millis(i128),
+    Seconds(f64),
+}
+
+fn window_arg(value: &Bound<'_, PyAny>) -> PyResult<WindowArg> {
+    if let Ok(delta) = value.cast::<PyDelta>() {
+        let micros = i128::from(delta.get_days()) * 86_400_000_000
+            + i128::from(delta.get_seconds()) * 1_000_000
+            + i128::from(delta.get_microseconds());
+        // Truncated toward zero, like std::chrono::duration_cast.
+        return Ok(WindowArg::Millis(micros / 1000));
+    }
+    if let Ok(f) = value.cast::<PyFloat>() {
+        return Ok(WindowArg::Seconds(f.value()));
+    }
+    Err(PyTypeError::new_err(format!(
+        "Stat(window_size): window_size must be a datetime.timedelta or a float number of seconds, not {}",
+        type_name(value)
+    )))
+}
+
+fn window_ms(arg: WindowArg) -> PyResult<i64> {
+    let millis = match arg {
+        WindowArg::Millis(ms) => ms,
+        WindowArg::Seconds(s) => {
+            if !s.is_finite() {
+                return Err(PyValueError::new_err(format!(
+                    "Stat(window_size): window_size must be finite, not {s}"
+                )));
+            }
+            let ms = (s * 1000.0).trunc();
+            if ms >= i64::MAX as f64 {
+                return Err(PyValueError::new_err(
+                    "Stat(window_size): window_size is too large",
+                ));
+            }
+            ms as i128
+        }
+    };
+    if millis < 1 {
+        return Err(PyValueError::new_err(format!(
+            "Stat(window_size): window_size must be at least 1 millisecond (got {millis} ms after truncation to whole milliseconds)"
+        )));
+    }
+    i64::try_from(millis)
+        .map_err(|_| PyValueError::new_err("Stat(window_size): window_size is too large"))
+}
+
+/// `max_samples`: an int in int64 range, or what pybind11's int64 caster
+/// converts (`__index__`, or `__int__` as for `Decimal`), but never a float,
+/// a str or None.
+fn max_samples_arg(value: &Bound<'_, PyAny>) -> PyResult<i64> {
+    let py = value.py();
+    let type_error = || {
+        PyTypeError::new_err(format!(
+            "Stat(max_samples): max_samples must be an int in the int64 range, not {}",
+            type_name(value)
+        ))
+    };
+    if value.is_instance_of::<PyBool>() {
+        return Ok(i64::from(value.is_truthy()?));
+    }
+    if value.is_none()
+        || value.is_instance_of::<PyFloat>()
+        || value.is_instance_of::<PyString>()
+        || value.is_instance_of::<pyo3::types::PyBytes>()
+    {
+        return Err(type_error());
+    }
+    let integer = if value.is_instance_of::<PyInt>() {
+        value.clone()
+    } else {
+        value
+            .call_method0(pyo3::intern!(py, "__index__"))
+            .or_else(|_| value.call_method0(pyo3::intern!(py, "__int__")))
+            .map_err(|_| type_error())?
+    };
+    integer.extract::<i64>().map_err(|_| {
+        PyTypeError::new_err(format!(
+            "Stat(max_samples): max_samples must be in the int64 range, got {}",
+            integer.repr().map(|r| r.to_string()).unwrap_or_default()
+        ))
+    })
+}
+
+/// Distinguishes "not passed" from an explicit `None` (a TypeError, as torch).
+pub struct MaxSamples(Option<i64>);
+
+impl<'a, 'py> FromPyObject<'a, 'py> for MaxSamples {
+    type Error = PyErr;
+
+    fn extract(obj: pyo3::Borrowed<'a, 'py, PyAny>) -> PyResult<Self> {
+        max_samples_arg(&obj).map(|n| MaxSamples(Some(n)))
+    }
+}
+
+fn aggregations_arg(value: &Bound<'_, PyAny>) -> PyResult<Vec<Aggregation>> {
+    let items = value.try_iter().map_err(|_| {
+        PyTypeError::new_err(format!(
+            "Stat(aggregations): aggregations must be an iterable of Aggregation, not {}",
+            type_name(value)
+        ))
+    })?;
+    let mut aggregations = Vec::new();
+    for item in items {
+        let item = item?;
+        let member = item.cast::<PyAggregation>().map_err(|_| {
+            PyTypeError::new_err(format!(
+                "Stat(aggregations): every item must be an Aggregation, not {} ({})",
+                type_name(&item),
+                item.repr().map(|r| r.to_string()).unwrap_or_default()
+            ))
+        })?;
+        let aggregation = member.get().core();
+        if !aggregations.contains(&aggregation) {
+            aggregations.push(aggregation);
+        }
+    }
+    Ok(aggregations)
+}
+
+/// Type phase of the name check: str (UTF-8 encodable), bytes or bytearray.
+fn check_name_type(value: &Bound<'_, PyAny>) -> PyResult<()> {
+    match crate::py_convert::try_string(value, "Stat(name): name", Surrogates::TypeError) {
+        Ok(Some(_)) => Ok(()),
+        Ok(None) => Err(PyTypeError::new_err(format!(
+            "Stat(name): name must be a str (or UTF-8 bytes), not {}",
+            type_name(value)
+        ))),
+        // Invalid UTF-8 bytes are a value error, reported in the value phase.
+        Err(err) if err.is_instance_of::<PyValueError>(value.py()) => Ok(()),
+        Err(err) => Err(err),
+    }
+}
+
+#[pymethods]
+impl Stat {
+    #[new]
+    #[pyo3(signature = (name, aggregations, window_size, max_samples = MaxSamples(None)))]
+    fn new(
+        py: Python<'_>,
+        name: &Bound<'_, PyAny>,
+        aggregations: &Bound<'_, PyAny>,
+        window_size: &Bound<'_, PyAny>,
+        max_samples: MaxSamples,
+    ) -> PyResult<Self> {
+        // Every argument's type first, in order, then the values (as torch,
+        // whose binding converts all arguments before the constructor runs).
+        check_name_type(name)?;
+        let aggregations = aggregations_arg(aggregations)?;
+        let window = window_arg(window_size)?;
+        let max_samples = max_samples.0.unwrap_or(i64::MAX);
+        let name = string_arg(name, "Stat(name): name", Surrogates::TypeError)?;
+        let window_ms = window_ms(window)?;
+
+        let outputs = aggregations
+            .iter()
+            .map(|&aggregation| {
+                Ok(Output {
+                    aggregation,
+                    member: PyAggregation::member(py, aggregation)?.unbind(),
+                    key: PyString::new(py, &format!("{}.{}", name, aggregation.key_suffix()))
+                        .unbind(),
+                })
+            })
+            .collect::<PyResult<Vec<_>>>()?;
+        let shared = Arc::new(StatShared {
+            core: CoreStat::new(&aggregations, window_ms, max_samples),
+            name: name.unbind(),
+            outputs,
+            max_samples,
+        });
+        let live_id = NEXT_LIVE_ID.fetch_add(1, Ordering::Relaxed);
+        LIVE.lock().insert(live_id, Arc::downgrade(&shared));
+        Ok(Stat { shared, live_id })
+    }
+
+    /// Adds one sample to the current window.
+    #[pyo3(signature = (v))]
+    fn add(&self, py: Python<'_>, v: &Bound<'_, PyAny>) -> PyResult<()> {
+        let value = sample(v)?;
+        let closed = self.shared.core.add(value);
+        if closed.is_empty() {
+            return Ok(());
+        }
+        self.shared.emit(py, &closed)
+    }
+
+    /// The last closed window: `{Aggregation: float}`.
+    fn get<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let window = self.shared.core.last_closed();
+        let result = PyDict::new(py);
+        for output in &self.shared.outputs {
+            result.set_item(output.member.bind(py), window.get(output.aggregation))?;
+        }
+        Ok(result)
+    }
+
+    /// Samples in the open window.
+    #[getter]
+    fn count(&self) -> u64 {
+        self.shared.core.count()
+    }
+
+    #[getter]
+    fn name(&self, py: Python<'_>) -> Py<PyString> {
+        self.shared.name.clone_ref(py)
+    }
+
+    fn __repr__(&self, py: Python<'_>) -> PyResult<String> {
+        let members = PyList::new(py, self.shared.outputs.iter().map(|o| o.member.bind(py)))?;
+        let max_samples = if self.shared.max_samples == i64::MAX {
+            String::new()
+        } else {
+            format!(", max_samples={}", self.shared.max_samples)
+        };
+        Ok(format!(
+            "torchmon.Stat(name={}, aggregations={}, window_size={}{}, count={})",
+            self.shared.name.bind(py).repr()?,
+            members.str()?,
+            crate::py_convert::timedelta_type(py)?
+                .call1((0, 0, 0, self.shared.core.window_ms()))?
+                .repr()?,
+            max_samples,
+            self.shared.core.count()
+        ))
+    }
+}
+
+impl Drop for Stat {
+    fn drop(&mut self) {
+        LIVE.lock().remove(&self.live_id);
+        if AT_EXIT.load(Ordering::Acquire) || self.shared.core.count() == 0 {
+            return;
+        }
+        Python::attach(|py| {
+            self.shared
+                .flush_unraisable(py, "flushing its window on destruction")
+        });
+    }
+}
+
+/// Emits the open window of every live Stat; called at interpreter exit
+/// (registered with `atexit` by the package). Later destructions stay quiet.
+#[pyfunction]
+pub fn _flush_all_stats(py: Python<'_>) {
+    let live: Vec<Arc<StatShared>> = LIVE.lock().values().filter_map(Weak::upgrade).collect();
+    for stat in &live {
+        stat.flush_unraisable(py, "flushing its window at interpreter exit");
+    }
+    AT_EXIT.store(true, Ordering::Release);
+}
+
+/// For tests: how many Stats are alive.
+#[pyfunction]
+pub fn _live_stat_count() -> usize {
+    LIVE.lock().len()
+}

@@ -1,0 +1,635 @@
+//! The windowed accumulator behind `Stat`, free of PyO3.
+//!
+//! It implements SPEC §3 "Windows" exactly, with a lock-free `add` on the
+//! common path (the sample lands in the window that is already open).
+//!
+//! # Design
+//!
+//! The open window's accumulators live in one of two buffers (`phases`).
+//! `head` packs which buffer is active, whether the open window is already
+//! closed (reached `max_samples`; the rest of it is dropped) and how many
+//! writers have claimed a slot in the active buffer since it became active.
+//! A writer claims slot `n` with one `fetch_add` on `head`; slot `n` is folded
+//! in only if `n < max_samples`, so the sample count is exact without a lock.
+//! When done, the writer bumps the buffer's `finished` counter.
+//!
+//! Closing a window (under `closing`, the only lock) swaps `head` to the other,
+//! already empty buffer, then waits until `finished` of the old buffer equals
+//! the number of slots claimed in it. Writers that claimed a slot before the
+//! swap finish into the old buffer and are counted in the closing window;
+//! writers that claim after the swap land in the new one. No sample is folded
+//! twice or lost (the scheme is HdrHistogram's writer-reader phaser).
+//!
+//! Minimum and maximum start from `EMPTY_BITS`, a NaN payload that no sample
+//! keeps (see `sample_bits`), so "the first sample sets them" needs no
+//! knowledge of which writer came first.
+
+use parking_lot::Mutex;
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
+
+use crate::aggregation::Aggregation;
+
+const PHASE_BIT: u64 = 1 << 63;
+const DROP_BIT: u64 = 1 << 62;
+const INDEX_MASK: u64 = DROP_BIT - 1;
+
+/// Samples per window are capped here so that `head`'s slot index can never
+/// run into its flag bits, even with many writers racing past the cap.
+/// (2**61 samples at a billion per second take 73 years.)
+pub const MAX_SAMPLES_CAP: u64 = 1 << 61;
+
+/// Placeholder for "no sample yet" in the min/max cells.
+const EMPTY_BITS: u64 = 0x7ff8_dead_beef_0001;
+const CANONICAL_NAN_BITS: u64 = 0x7ff8_0000_0000_0000;
+
+/// A sample's bits, never equal to `EMPTY_BITS` (that one NaN payload
+/// becomes the canonical NaN; it is still a NaN).
+#[inline]
+fn sample_bits(v: f64) -> u64 {
+    let bits = v.to_bits();
+    if bits == EMPTY_BITS {
+        CANONICAL_NAN_BITS
+    } else {
+        bits
+    }
+}
+
+/// What one closed window held. `min`/`max`/`last` are 0 when it was empty.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct WindowStats {
+    pub count: u64,
+    pub sum: f64,
+    pub min: f64,
+    pub max: f64,
+    pub last: f64,
+}
+
+impl WindowStats {
+    pub const EMPTY: WindowStats = WindowStats {
+        count: 0,
+        sum: 0.0,
+        min: 0.0,
+        max: 0.0,
+        last: 0.0,
+    };
+
+    pub fn mean(&self) -> f64 {
+        if self.count == 0 {
+            0.0
+        } else {
+            self.sum / self.count as f64
+        }
+    }
+
+    /// The value reported for one aggregation (COUNT as a float, as torch).
+    pub fn get(&self, aggregation: Aggregation) -> f64 {
+        match aggregation {
+            Aggregation::Value => self.last,
+            Aggregation::Mean => self.mean(),
+            Aggregation::Count => self.count as f64,
+            Aggregation::Sum => self.sum,
+            Aggregation::Max => self.max,
+            Aggregation::Min => self.min,
+        }
+    }
+}
+
+/// Windows closed by one call, in the order they closed (at most two: the
+/// previous window by time, then the new one by `max_samples`).
+#[derive(Debug, Default)]
+pub struct Closed {
+    windows: [Option<WindowStats>; 2],
+}
+
+impl Closed {
+    fn push(&mut self, window: WindowStats) {
+        let slot = self
+            .windows
+            .iter_mut()
+            .find(|w| w.is_none())
+            .expect("a single add closes at most two windows");
+        *slot = Some(window);
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.windows[0].is_none()
+    }
+
+    pub fn iter(&self) -> impl Iterator<Item = &WindowStats> {
+        self.windows.iter().flatten()
+    }
+}
+
+/// Which accumulators the configured aggregations read; the others are skipped.
+#[derive(Clone, Copy, Debug, Default)]
+struct Needs {
+    sum: bool,
+    min: bool,
+    max: bool,
+    last: bool,
+}
+
+impl Needs {
+    fn of(aggregations: &[Aggregation]) -> Self {
+        let mut needs = Needs::default();
+        for a in aggregations {
+            match a {
+                Aggregation::Value => needs.last = true,
+                Aggregation::Mean | Aggregation::Sum => needs.sum = true,
+                Aggregation::Max => needs.max = true,
+                Aggregation::Min => needs.min = true,
+                Aggregation::Count => {}
+            }
+        }
+        needs
+    }
+}
+
+/// One buffer of accumulators (f64 values stored as bits).
+struct Phase {
+    sum: AtomicU64,
+    min: AtomicU64,
+    max: AtomicU64,
+    last: AtomicU64,
+    /// Writers that claimed a slot in this buffer and are done with it.
+    finished: AtomicU64,
+}
+
+impl Phase {
+    fn new() -> Self {
+        Phase {
+            sum: AtomicU64::new(0.0f64.to_bits()),
+            min: AtomicU64::new(EMPTY_BITS),
+            max: AtomicU64::new(EMPTY_BITS),
+            last: AtomicU64::new(0.0f64.to_bits()),
+            finished: AtomicU64::new(0),
+        }
+    }
+
+    #[inline]
+    fn fold(&self, needs: Needs, v: f64) {
+        if needs.sum {
+            let mut current = self.sum.load(Ordering::Relaxed);
+            loop {
+                let next = (f64::from_bits(current) + v).to_bits();
+                match self.sum.compare_exchange_weak(
+                    current,
+                    next,
+                    Ordering::Relaxed,
+                    Ordering::Relaxed,
+                ) {
+                    Ok(_) => break,
+                    Err(seen) => current = seen,
+                }
+            }
+        }
+        let bits = sample_bits(v);
+        // Plain IEEE comparisons, as torch: a NaN first sample sticks, a later
+        // NaN is ignored, and -0.0 then 0.0 keeps -0.0.
+        if needs.max {
+            replace_while(&self.max, bits, |current| current < v);
+        }
+        if needs.min {
+            replace_while(&self.min, bits, |current| current > v);
+        }
+        if needs.last {
+            self.last.store(bits, Ordering::Relaxed);
+        }
+    }
+
+    /// Reads the buffer's window and empties it. Only the closer (holding the
+    /// Stat's lock) calls this, after every writer of the buffer finished.
+    fn take(&self, count: u64) -> WindowStats {
+        let read_or_zero = |cell: &AtomicU64| {
+            let bits = cell.swap(EMPTY_BITS, Ordering::Relaxed);
+            if bits == EMPTY_BITS {
+                0.0
+            } else {
+                f64::from_bits(bits)
+            }
+        };
+        let window = WindowStats {
+            count,
+            sum: f64::from_bits(self.sum.swap(0.0f64.to_bits(), Ordering::Relaxed)),
+            min: read_or_zero(&self.min),
+            max: read_or_zero(&self.max),
+            last: f64::from_bits(self.last.swap(0.0f64.to_bits(), Ordering::Relaxed)),
+        };
+        self.finished.store(0, Ordering::Relaxed);
+        if count == 0 {
+            WindowStats::EMPTY
+        } else {
+            window
+        }
+    }
+}
+
+/// Stores `bits` into `cell` while the cell is empty or `should_replace` holds
+/// for its current value.
+#[inline]
+fn replace_while(cell: &AtomicU64, bits: u64, should_replace: impl Fn(f64) -> bool) {
+    let mut current = cell.load(Ordering::Relaxed);
+    while current == EMPTY_BITS || should_replace(f64::from_bits(current)) {
+        match cell.compare_exchange_weak(current, bits, Ordering::Relaxed, Ordering::Relaxed) {
+            Ok(_) => return,
+            Err(seen) => current = seen,
+        }
+    }
+}
+
+/// State that changes only when a window closes.
+struct Locked {
+    /// The last closed window: what `get()` reports.
+    prev: WindowStats,
+    /// Id of the last window that was closed (SPEC's `closed_id`).
+    closed_id: i64,
+}
+
+/// Outcome of the lock-free attempt.
+enum Fast {
+    Done,
+    /// This sample filled the window: close it now (SPEC step 4).
+    Filled,
+    /// The lock-free path cannot decide; take the lock.
+    Slow,
+}
+
+pub struct Stat {
+    window_ms: i64,
+    max_samples: u64,
+    needs: Needs,
+    /// Id of the window the active buffer belongs to (SPEC's `cur_id`).
+    /// Written only under `locked`.
+    cur_id: AtomicI64,
+    head: AtomicU64,
+    phases: [Phase; 2],
+    locked: Mutex<Locked>,
+}
+
+#[inline]
+fn slot_index(head: u64) -> u64 {
+    head & INDEX_MASK
+}
+
+#[inline]
+fn phase_of(head: u64) -> usize {
+    (head >> 63) as usize
+}
+
+impl Stat {
+    /// `window_ms` must be at least 1; `max_samples` below 1 behaves like 1.
+    pub fn new(aggregations: &[Aggregation], window_ms: i64, max_samples: i64) -> Self {
+        assert!(window_ms >= 1, "window_ms must be positive");
+        Stat {
+            window_ms,
+            max_samples: (max_samples.max(1) as u64).min(MAX_SAMPLES_CAP),
+            needs: Needs::of(aggregations),
+            cur_id: AtomicI64::new(0),
+            head: AtomicU64::new(0),
+            phases: [Phase::new(), Phase::new()],
+            locked: Mutex::new(Locked {
+                prev: WindowStats::EMPTY,
+                closed_id: 0,
+            }),
+        }
+    }
+
+    pub fn window_ms(&self) -> i64 {
+        self.window_ms
+    }
+
+    #[inline]
+    pub fn window_id(&self, now_ms: i64) -> i64 {
+        now_ms.div_euclid(self.window_ms) + 1
+    }
+
+    /// Adds `v` at the current time.
+    #[inline]
+    pub fn add(&self, v: f64) -> Closed {
+        self.add_at(v, crate::clock::now_ms())
+    }
+
+    /// Adds `v` as if the clock read `now_ms`; returns the windows this closed.
+    #[inline]
+    pub fn add_at(&self, v: f64, now_ms: i64) -> Closed {
+        let window = self.window_id(now_ms);
+        match self.try_add_lock_free(v, window) {
+            Fast::Done => Closed::default(),
+            Fast::Filled => self.add_locked(None, window),
+            Fast::Slow => self.add_locked(Some(v), window),
+        }
+    }
+
+    #[inline]
+    fn try_add_lock_free(&self, v: f64, window: i64) -> Fast {
+        if self.cur_id.load(Ordering::Acquire) != window {
+            return Fast::Slow;
+        }
+        let seen = self.head.load(Ordering::Acquire);
+        if seen & DROP_BIT != 0 {
+            // The open window reached max_samples and was closed (step 2).
+            return Fast::Done;
+        }
+        if slot_index(seen) >= self.max_samples {
+            return Fast::Slow;
+        }
+        let claimed = self.head.fetch_add(1, Ordering::AcqRel);
+        let phase = &self.phases[phase_of(claimed)];
+        let slot = slot_index(claimed);
+        // A close may have happened between the check and the claim; the
+        // claim is what counts. In a dropped window, or past max_samples, the
+        // sample is not folded, but the slot must still be finished.
+        let accepted = claimed & DROP_BIT == 0 && slot < self.max_samples;
+        if accepted {
+            phase.fold(self.needs, v);
+        }
+        phase.finished.fetch_add(1, Ordering::Release);
+        if claimed & DROP_BIT != 0 {
+            Fast::Done
+        } else if !accepted {
+            // Filled by others meanwhile: the lock decides (close, then drop).
+            Fast::Slow
+        } else if slot + 1 == self.max_samples {
+            Fast::Filled
+        } else {
+            Fast::Done
+        }
+    }
+
+    /// SPEC §3 steps 1 to 4 under the lock. `v` is `None` when the sample was
+    /// already folded lock-free and only step 4 remains.
+    fn add_locked(&self, v: Option<f64>, window_seen: i64) -> Closed {
+        let mut closed = Closed::default();
+        let mut locked = self.locked.lock();
+        // Windows never go back: a clock read that lost a race with a close,
+        // or a test clock set earlier, counts in the window that is open.
+        let window = window_seen.max(self.cur_id.load(Ordering::Relaxed));
+        if v.is_some() {
+            self.close_if_due(&mut locked, window, &mut closed);
+        }
+        if let Some(v) = v {
+            if locked.closed_id == window {
+                return closed;
+            }
+            // The buffer cannot change while we hold the lock, but lock-free
+            // writers may still be claiming slots in it.
+            let claimed = self.head.fetch_add(1, Ordering::AcqRel);
+            let phase = &self.phases[phase_of(claimed)];
+            debug_assert_eq!(
+                claimed & DROP_BIT,
+                0,
+                "a dropped window has closed_id == cur_id"
+            );
+            if slot_index(claimed) < self.max_samples {
+                phase.fold(self.needs, v);
+            }
+            phase.finished.fetch_add(1, Ordering::Release);
+        }
+        self.close_if_due(&mut locked, window, &mut closed);
+        closed
+    }
+
+    /// SPEC step 1 (and 4): close if the window changed or is full, unless
+    /// this window was already closed.
+    fn close_if_due(&self, locked: &mut Locked, window: i64, closed: &mut Closed) {
+        let due = self.cur_id.load(Ordering::Relaxed) != window || self.count() >= self.max_samples;
+        if due && locked.closed_id != window {
+            let cur = self.cur_id.load(Ordering::Relaxed);
+            // Closing the window we are in (it is full) drops the rest of it.
+            let dropping = cur == window;
+            let window_stats = self.swap_phase(dropping);
+            locked.prev = window_stats;
+            locked.closed_id = cur;
+            self.cur_id.store(window, Ordering::Release);
+            if window_stats.count > 0 {
+                closed.push(window_stats);
+            }
+        }
+    }
+
+    /// Makes the other (empty) buffer active and returns what the old one held.
+    fn swap_phase(&self, dropping: bool) -> WindowStats {
+        let current = self.head.load(Ordering::Relaxed);
+        let next_phase = (current & PHASE_BIT) ^ PHASE_BIT;
+        let old = self.head.swap(
+            next_phase | if dropping { DROP_BIT } else { 0 },
+            Ordering::AcqRel,
+        );
+        let phase = &self.phases[phase_of(old)];
+        let claimed = slot_index(old);
+        let mut spins = 0u32;
+        while phase.finished.load(Ordering::Acquire) != claimed {
+            // Writers finish within a few instructions of claiming; yield only
+            // if one was preempted in between.
+            spins += 1;
+            if spins < 64 {
+                std::hint::spin_loop();
+            } else {
+                std::thread::yield_now();
+            }
+        }
+        let count = if old & DROP_BIT != 0 {
+            0
+        } else {
+            claimed.min(self.max_samples)
+        };
+        phase.take(count)
+    }
+
+    /// Closes the open window if it holds samples, without ending it: later
+    /// adds in the same window start a fresh partial window. Used when the
+    /// Stat is destroyed and at interpreter exit.
+    pub fn flush(&self) -> Option<WindowStats> {
+        let mut locked = self.locked.lock();
+        if self.count() == 0 {
+            return None;
+        }
+        let window_stats = self.swap_phase(false);
+        locked.prev = window_stats;
+        Some(window_stats)
+    }
+
+    /// Samples in the open window (exact when no add is in flight).
+    #[inline]
+    pub fn count(&self) -> u64 {
+        let head = self.head.load(Ordering::Acquire);
+        if head & DROP_BIT != 0 {
+            0
+        } else {
+            slot_index(head).min(self.max_samples)
+        }
+    }
+
+    /// The last closed window.
+    pub fn last_closed(&self) -> WindowStats {
+        self.locked.lock().prev
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use Aggregation::*;
+
+    const ALL: [Aggregation; 6] = [Value, Mean, Count, Sum, Max, Min];
+    const HOUR: i64 = 3_600_000;
+
+    fn windows(closed: Closed) -> Vec<WindowStats> {
+        closed.iter().copied().collect()
+    }
+
+    #[test]
+    fn max_samples_closes_at_once_and_drops_the_rest() {
+        let s = Stat::new(&ALL, HOUR, 3);
+        assert!(windows(s.add_at(1.0, 10)).is_empty());
+        assert!(windows(s.add_at(2.0, 10)).is_empty());
+        let closed = windows(s.add_at(4.0, 10));
+        assert_eq!(closed.len(), 1);
+        assert_eq!(closed[0].count, 3);
+        assert_eq!(closed[0].sum, 7.0);
+        assert_eq!(closed[0].last, 4.0);
+        assert_eq!(s.count(), 0);
+        assert!(windows(s.add_at(100.0, 11)).is_empty());
+        assert_eq!(s.count(), 0);
+        assert_eq!(s.last_closed().sum, 7.0);
+    }
+
+    #[test]
+    fn later_window_after_a_full_one_reports_zeros() {
+        let s = Stat::new(&ALL, 10, 1);
+        assert_eq!(windows(s.add_at(5.0, 0)).len(), 1);
+        // Window 2 opens: the empty remainder of window 1 closes (no event),
+        // then this sample fills window 2 at once.
+        let closed = windows(s.add_at(6.0, 10));
+        assert_eq!(closed.len(), 1);
+        assert_eq!(closed[0].sum, 6.0);
+    }
+
+    #[test]
+    fn idle_windows_are_never_closed() {
+        let s = Stat::new(&[Sum, Count], 10, i64::MAX);
+        assert!(windows(s.add_at(1.0, 0)).is_empty());
+        let closed = windows(s.add_at(2.0, 55));
+        assert_eq!(closed.len(), 1);
+        assert_eq!(closed[0].sum, 1.0);
+        assert_eq!(s.last_closed().sum, 1.0);
+        assert_eq!(s.count(), 1);
+    }
+
+    #[test]
+    fn first_add_of_a_later_window_after_max_close_gives_zeros() {
+        let s = Stat::new(&[Sum, Count], 10, 2);
+        s.add_at(1.0, 0);
+        assert_eq!(windows(s.add_at(2.0, 0)).len(), 1);
+        assert!(windows(s.add_at(3.0, 20)).is_empty());
+        assert_eq!(s.last_closed(), WindowStats::EMPTY);
+        assert_eq!(s.count(), 1);
+    }
+
+    #[test]
+    fn ieee_rules_for_min_max_and_sum() {
+        let s = Stat::new(&ALL, HOUR, 3);
+        s.add_at(-0.0, 0);
+        s.add_at(0.0, 0);
+        let w = windows(s.add_at(-0.0, 0))[0];
+        assert!(w.min.is_sign_negative() && w.max.is_sign_negative());
+        assert!(w.sum.is_sign_positive());
+
+        let s = Stat::new(&ALL, HOUR, 2);
+        s.add_at(f64::NAN, 0);
+        let w = windows(s.add_at(1.0, 0))[0];
+        assert!(w.min.is_nan() && w.max.is_nan() && w.sum.is_nan());
+
+        let s = Stat::new(&ALL, HOUR, 2);
+        s.add_at(1.0, 0);
+        let w = windows(s.add_at(f64::NAN, 0))[0];
+        assert_eq!((w.min, w.max), (1.0, 1.0));
+        assert!(w.sum.is_nan() && w.last.is_nan());
+    }
+
+    #[test]
+    fn the_placeholder_nan_is_still_a_nan_sample() {
+        let s = Stat::new(&[Min, Max], HOUR, 1);
+        let w = windows(s.add_at(f64::from_bits(EMPTY_BITS), 0))[0];
+        assert!(w.min.is_nan() && w.max.is_nan());
+    }
+
+    #[test]
+    fn flush_emits_the_open_window_once() {
+        let s = Stat::new(&[Sum], HOUR, i64::MAX);
+        s.add_at(1.5, 0);
+        s.add_at(2.5, 0);
+        assert_eq!(s.flush().map(|w| w.sum), Some(4.0));
+        assert_eq!(s.flush(), None);
+        s.add_at(1.0, 0);
+        assert_eq!(s.flush().map(|w| w.count), Some(1));
+    }
+
+    #[test]
+    fn max_samples_below_one_behaves_like_one() {
+        for max in [0, -5, i64::MIN] {
+            let s = Stat::new(&[Count], HOUR, max);
+            assert_eq!(windows(s.add_at(1.0, 0)).len(), 1);
+            assert!(windows(s.add_at(1.0, 0)).is_empty());
+        }
+    }
+
+    #[test]
+    fn a_clock_that_goes_back_counts_in_the_open_window() {
+        let s = Stat::new(&[Sum, Count], 10, i64::MAX);
+        s.add_at(1.0, 100);
+        assert!(windows(s.add_at(2.0, 5)).is_empty());
+        assert_eq!(s.count(), 2);
+    }
+
+    #[test]
+    fn threads_lose_and_double_count_nothing_across_boundaries() {
+        use std::sync::Arc;
+        use std::sync::atomic::AtomicI64 as Clock;
+        const THREADS: usize = 4;
+        const ADDS: usize = 50_000;
+        for max_samples in [i64::MAX, 7] {
+            let stat = Arc::new(Stat::new(&[Sum, Count], 3, max_samples));
+            let clock = Arc::new(Clock::new(0));
+            let handles: Vec<_> = (0..THREADS)
+                .map(|t| {
+                    let stat = Arc::clone(&stat);
+                    let clock = Arc::clone(&clock);
+                    std::thread::spawn(move || {
+                        let mut windows = Vec::new();
+                        for i in 0..ADDS {
+                            if t == 0 && i % 97 == 0 {
+                                clock.fetch_add(1, Ordering::Relaxed);
+                            }
+                            let now = clock.load(Ordering::Relaxed);
+                            windows.extend(stat.add_at(1.0, now).iter().copied());
+                        }
+                        windows
+                    })
+                })
+                .collect();
+            let emitted: Vec<WindowStats> = handles
+                .into_iter()
+                .flat_map(|h| h.join().unwrap())
+                .collect();
+            let final_window = stat.flush();
+            let total: u64 = emitted
+                .iter()
+                .chain(final_window.iter())
+                .map(|w| w.count)
+                .sum();
+            for w in &emitted {
+                assert_eq!(w.sum, w.count as f64, "sum and count agree per window");
+                assert!(w.count <= stat.max_samples);
+            }
+            if max_samples == i64::MAX {
+                assert_eq!(total, (THREADS * ADDS) as u64);
+            } else {
+                assert!(
+                    total < (THREADS * ADDS) as u64,
+                    "some samples must be dropped"
+                );
+            }
+        }
+    }
+}
