@@ -8,7 +8,7 @@ from .._core import STAT_EVENT, Event
 
 
 class _ScalarWriter(Protocol):
-    def add_scalar(self, tag: str, scalar_value: float, *args: Any, **kwargs: Any) -> Any: ...
+    def add_scalar(self, tag: str, scalar_value: Any, *args: Any, **kwargs: Any) -> Any: ...
 
 
 class TensorboardEventHandler:

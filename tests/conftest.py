@@ -1,0 +1,81 @@
+"""Shared fixtures; hypothesis profiles chosen by TORCHMON_HYPOTHESIS_PROFILE."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, settings
+
+import torchmon
+
+# ci: the fixed-seed run CI always does; ci-random: the same size, random seed;
+# deep: a long hunt for counterexamples (see README, "Development").
+settings.register_profile(
+    "ci",
+    max_examples=500,
+    derandomize=True,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow],
+    print_blob=True,
+)
+settings.register_profile(
+    "ci-random",
+    max_examples=500,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow],
+    print_blob=True,
+)
+settings.register_profile(
+    "deep",
+    max_examples=20_000,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow],
+    print_blob=True,
+)
+settings.register_profile("dev", max_examples=100, deadline=None)
+settings.load_profile(os.environ.get("TORCHMON_HYPOTHESIS_PROFILE", "dev"))
+
+#: The folder beside the checkout that holds SPEC.md, conformance/ and wheels/.
+SHARED = Path(__file__).resolve().parents[2] / "shared"
+
+
+@pytest.fixture
+def shared_dir() -> Path:
+    if not (SHARED / "conformance").is_dir():
+        pytest.skip(f"{SHARED} (the shared conformance folder) is absent")
+    return SHARED
+
+
+class Recorder:
+    """A registered handler that keeps every event it receives."""
+
+    def __init__(self) -> None:
+        self.events: list[torchmon.Event] = []
+
+    def __call__(self, event: torchmon.Event) -> None:
+        self.events.append(event)
+
+    @property
+    def stat_data(self) -> list[dict[str, object]]:
+        return [e.data for e in self.events if e.name == torchmon.STAT_EVENT]
+
+
+@pytest.fixture
+def recorder() -> Iterator[Recorder]:
+    rec = Recorder()
+    handle = torchmon.register_event_handler(rec)
+    try:
+        yield rec
+    finally:
+        torchmon.unregister_event_handler(handle)
+
+
+@pytest.fixture(autouse=True)
+def no_leftover_handlers() -> Iterator[None]:
+    """Each test leaves the global registry as it found it."""
+    before = torchmon._core._handler_count()
+    yield
+    assert torchmon._core._handler_count() == before, "a test left a handler registered"
