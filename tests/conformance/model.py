@@ -270,14 +270,21 @@ def unregister_event_handler(handle):
         _registry.remove(handle)
 
 
+def _report_unraisable(exc, message, obj):
+    sys.unraisablehook(types.SimpleNamespace(
+        exc_type=type(exc), exc_value=exc, exc_traceback=exc.__traceback__,
+        err_msg=message, object=obj))
+
+
 def _dispatch(make_event):
     """Call every handler registered when dispatch starts, in order.
 
     Iterating over a snapshot lets handlers log events and (un)register
     handlers (torch deadlocks); a handler unregistered meanwhile is skipped.
-    Every handler runs even if an earlier one raised; the first exception is
-    re-raised at the end (torch stops at the first).  BaseExceptions such as
-    KeyboardInterrupt are not caught.
+    Every handler runs even if an earlier one raised (torch stops at the
+    first). The first exception is re-raised at the end, except that a
+    KeyboardInterrupt-like one (not an Exception) displaces an ordinary
+    one; every exception not raised goes to sys.unraisablehook.
     """
     first_error = None
     for handle in list(_registry):
@@ -285,9 +292,14 @@ def _dispatch(make_event):
             continue
         try:
             handle._callback(make_event())
-        except Exception as exc:
+        except BaseException as exc:
             if first_error is None:
                 first_error = exc
+            elif isinstance(first_error, Exception) and not isinstance(exc, Exception):
+                _report_unraisable(first_error, "Exception ignored in handler", handle._callback)
+                first_error = exc
+            else:
+                _report_unraisable(exc, "Exception ignored in handler", handle._callback)
     if first_error is not None:
         raise first_error
 
@@ -383,8 +395,7 @@ class Stat:
         if self._closed_id != w:           # 2. else: window full, value dropped
             self._acc.fold(x)              # 3.
             self._step(w, pending)         # 4. reaching max_samples closes now
-        for window in pending:  # a handler exception changes nothing here
-            self._emit(window)
+        self._emit_all(pending)  # a handler exception changes nothing here
 
     def close(self):
         """Close the open window and emit it if it has samples: what
@@ -395,8 +406,7 @@ class Stat:
         _live_stats.discard(self)
         pending = []
         self._close_window(pending)
-        for window in pending:
-            self._emit(window)
+        self._emit_all(pending)
 
     def __del__(self):
         # An exception escaping __del__ is reported by Python through
@@ -421,6 +431,21 @@ class Stat:
         if self._prev.count > 0:  # windows without samples are never emitted
             pending.append(self._prev)
 
+    def _emit_all(self, windows):
+        """Emit every window even if a handler raised for an earlier one;
+        the first exception is re-raised, the others are unraisable."""
+        first_error = None
+        for window in windows:
+            try:
+                self._emit(window)
+            except BaseException as exc:
+                if first_error is None:
+                    first_error = exc
+                else:
+                    _report_unraisable(exc, "Exception ignored emitting a Stat window", self)
+        if first_error is not None:
+            raise first_error
+
     def _emit(self, window):
         timestamp = datetime.datetime.now()  # naive local time, as torch
         data = {f"{self._name}.{agg.name.lower()}": window.value(agg)
@@ -437,9 +462,7 @@ def _flush_live_stats():
         try:
             stat.close()
         except Exception as exc:
-            sys.unraisablehook(types.SimpleNamespace(
-                exc_type=type(exc), exc_value=exc, exc_traceback=exc.__traceback__,
-                err_msg="Exception ignored while flushing a Stat at exit", object=stat))
+            _report_unraisable(exc, "Exception ignored while flushing a Stat at exit", stat)
 
 
 # --- TensorboardEventHandler and _WaitCounter (SPEC 1, 6) -----------------
