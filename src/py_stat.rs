@@ -194,14 +194,15 @@ fn max_samples_arg(value: &Bound<'_, PyAny>) -> PyResult<i64> {
     })
 }
 
-/// Distinguishes "not passed" from an explicit `None` (a TypeError, as torch).
-pub struct MaxSamples(Option<i64>);
+/// The `max_samples` argument as passed, or `None` when omitted: an explicit
+/// `None` is a TypeError (as torch), checked in argument order by the body.
+pub struct MaxSamplesArg(Option<Py<PyAny>>);
 
-impl<'a, 'py> FromPyObject<'a, 'py> for MaxSamples {
+impl<'a, 'py> FromPyObject<'a, 'py> for MaxSamplesArg {
     type Error = PyErr;
 
     fn extract(obj: pyo3::Borrowed<'a, 'py, PyAny>) -> PyResult<Self> {
-        max_samples_arg(&obj).map(|n| MaxSamples(Some(n)))
+        Ok(MaxSamplesArg(Some(obj.to_owned().unbind())))
     }
 }
 
@@ -247,20 +248,23 @@ fn check_name_type(value: &Bound<'_, PyAny>) -> PyResult<()> {
 #[pymethods]
 impl Stat {
     #[new]
-    #[pyo3(signature = (name, aggregations, window_size, max_samples = MaxSamples(None)))]
+    #[pyo3(signature = (name, aggregations, window_size, max_samples = MaxSamplesArg(None)))]
     fn new(
         py: Python<'_>,
         name: &Bound<'_, PyAny>,
         aggregations: &Bound<'_, PyAny>,
         window_size: &Bound<'_, PyAny>,
-        max_samples: MaxSamples,
+        max_samples: MaxSamplesArg,
     ) -> PyResult<Self> {
         // Every argument's type first, in order, then the values (as torch,
         // whose binding converts all arguments before the constructor runs).
         check_name_type(name)?;
         let aggregations = aggregations_arg(aggregations)?;
         let window = window_arg(window_size)?;
-        let max_samples = max_samples.0.unwrap_or(i64::MAX);
+        let max_samples = match &max_samples.0 {
+            None => i64::MAX,
+            Some(value) => max_samples_arg(value.bind(py))?,
+        };
         let name = string_arg(name, "Stat(name): name", Surrogates::TypeError)?;
         let window_ms = window_ms(window)?;
 
