@@ -49,6 +49,7 @@ def set_clock_ms(t):
 
 # --- Aggregation (SPEC 2) -------------------------------------------------
 
+
 class Aggregation(enum.Enum):
     """A plain Enum, so members are not equal to ints (SUM != 4), as torch;
     the values are the C++ enum's (torch's binding maps VALUE to 0)."""
@@ -75,6 +76,7 @@ class data_value_t:
 
 
 # --- Argument conversion (SPEC "Strings, everywhere", 3 and 4) ------------
+
 
 def _as_text(x, what, surrogate_error=TypeError):
     """str kept exactly (as the base str type); bytes/bytearray decoded as
@@ -198,6 +200,7 @@ def _as_max_samples(m):
 
 # --- Event (SPEC 4) -------------------------------------------------------
 
+
 class Event:
     """Structured record.  Equality and hashing stay by identity (as torch)."""
 
@@ -240,6 +243,7 @@ class Event:
 
 # --- Handlers and dispatch (SPEC 5) ---------------------------------------
 
+
 class EventHandlerHandle:
     """Opaque handle returned by register_event_handler."""
 
@@ -271,9 +275,15 @@ def unregister_event_handler(handle):
 
 
 def _report_unraisable(exc, message, obj):
-    sys.unraisablehook(types.SimpleNamespace(
-        exc_type=type(exc), exc_value=exc, exc_traceback=exc.__traceback__,
-        err_msg=message, object=obj))
+    sys.unraisablehook(
+        types.SimpleNamespace(
+            exc_type=type(exc),
+            exc_value=exc,
+            exc_traceback=exc.__traceback__,
+            err_msg=message,
+            object=obj,
+        )
+    )
 
 
 def _dispatch(make_event):
@@ -312,6 +322,7 @@ def log_event(event):
 
 # --- Stat (SPEC 3) --------------------------------------------------------
 
+
 class _Window:
     """Accumulators of one window; empty means count 0 and +0.0 elsewhere."""
 
@@ -338,8 +349,10 @@ class _Window:
         if agg is Aggregation.COUNT:
             return float(self.count)
         return {
-            Aggregation.VALUE: self.last, Aggregation.SUM: self.sum,
-            Aggregation.MAX: self.max, Aggregation.MIN: self.min,
+            Aggregation.VALUE: self.last,
+            Aggregation.SUM: self.sum,
+            Aggregation.MAX: self.max,
+            Aggregation.MIN: self.min,
         }[agg]
 
 
@@ -365,10 +378,10 @@ class Stat:
         self._window_ms = _window_ms(window_size)
         self._aggregations = aggs
         self._max_samples = max_samples
-        self._acc = _Window()   # the open window
+        self._acc = _Window()  # the open window
         self._prev = _Window()  # the last closed window: what get() reports
-        self._cur_id = 0        # id of the window the accumulators belong to
-        self._closed_id = 0     # id of the last window that was closed
+        self._cur_id = 0  # id of the window the accumulators belong to
+        self._closed_id = 0  # id of the last window that was closed
         self._closed = False
         _live_stats.add(self)
 
@@ -391,10 +404,10 @@ class Stat:
         # counts the value in the current window.
         w = max(clock_ms() // self._window_ms + 1, self._cur_id)
         pending = []  # closed windows to emit once all state is committed
-        self._step(w, pending)             # 1. leave a finished window
-        if self._closed_id != w:           # 2. else: window full, value dropped
-            self._acc.fold(x)              # 3.
-            self._step(w, pending)         # 4. reaching max_samples closes now
+        self._step(w, pending)  # 1. leave a finished window
+        if self._closed_id != w:  # 2. else: window full, value dropped
+            self._acc.fold(x)  # 3.
+            self._step(w, pending)  # 4. reaching max_samples closes now
         self._emit_all(pending)  # a handler exception changes nothing here
 
     def close(self):
@@ -415,9 +428,11 @@ class Stat:
 
     def __repr__(self):
         aggs = ", ".join(a.name for a in self._aggregations)
-        return (f"Stat(name={self._name!r}, aggregations=[{aggs}], "
-                f"window_ms={self._window_ms}, max_samples={self._max_samples}, "
-                f"count={self.count})")
+        return (
+            f"Stat(name={self._name!r}, aggregations=[{aggs}], "
+            f"window_ms={self._window_ms}, max_samples={self._max_samples}, "
+            f"count={self.count})"
+        )
 
     def _step(self, w, pending):
         """Steps 1 and 4 of SPEC 3 "Windows"."""
@@ -448,8 +463,7 @@ class Stat:
 
     def _emit(self, window):
         timestamp = datetime.datetime.now()  # naive local time, as torch
-        data = {f"{self._name}.{agg.name.lower()}": window.value(agg)
-                for agg in self._aggregations}
+        data = {f"{self._name}.{agg.name.lower()}": window.value(agg) for agg in self._aggregations}
         # Each handler gets its own Event: one that renames it cannot
         # affect the next.
         _dispatch(lambda: Event(STAT_EVENT, timestamp, data))
@@ -466,6 +480,7 @@ def _flush_live_stats():
 
 
 # --- TensorboardEventHandler and _WaitCounter (SPEC 1, 6) -----------------
+
 
 class TensorboardEventHandler:
     """Writes every item of a Stat event as a scalar; ignores other events."""

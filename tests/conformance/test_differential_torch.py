@@ -1,0 +1,192 @@
+"""Random programs run against real torch.monitor 2.13 and torchmon side by side.
+
+torch's clock cannot be driven, so every window is huge and windows close
+only by ``max_samples`` and destruction. Inputs that crash or hang torch
+(SPEC §7: sub-millisecond windows, double unregister, reentrant handlers,
+raising handlers) are never generated. Only the documented differences are
+normalised: torch ignores ``Aggregation.VALUE`` (so its results are compared
+without VALUE), and turns bools in Event data into floats.
+"""
+
+from __future__ import annotations
+
+import datetime
+import gc
+from typing import Any, Callable
+
+import pytest
+from hypothesis import note
+from hypothesis import strategies as st
+from hypothesis.stateful import Bundle, RuleBasedStateMachine, consumes, multiple, rule
+
+import torchmon
+
+from .test_state_machine import (
+    FIXED_TS,
+    System,
+    data_keys,
+    data_values,
+    floats,
+    make_handler,
+    names,
+    observe,
+    samples,
+    tag,
+)
+
+torch_monitor = pytest.importorskip(
+    "torch.monitor", reason="torch is not installed (CI installs it from ../shared/wheels)"
+)
+
+pytestmark = pytest.mark.hypothesis_suite
+
+HUGE_WINDOWS = [
+    datetime.timedelta(hours=100),
+    datetime.timedelta(days=30),
+    360_000.5,  # float seconds
+]
+
+
+def normalise(value: Any) -> Any:
+    """torch's view of a torchmon observation: bools in data become floats,
+    VALUE entries and `.value` keys disappear."""
+    if isinstance(value, tuple) and value and value[0] == "bool":
+        return ("float", float(value[1]), 1.0)
+    if isinstance(value, tuple) and value and value[0] == "dict":
+        return (
+            "dict",
+            [(k, normalise(v)) for k, v in value[1] if not k.endswith(".value')")],
+        )
+    if isinstance(value, (list, tuple)):
+        return type(value)(normalise(v) for v in value)
+    return value
+
+
+def tag_get(result: Any) -> Any:
+    if not isinstance(result, dict):
+        return ("other", type(result).__name__)
+    return sorted((k.name, tag(v)) for k, v in result.items() if k.name != "VALUE")
+
+
+class TorchmonMatchesTorch(RuleBasedStateMachine):
+    stat_ids = Bundle("stat_ids")
+    handle_ids = Bundle("handle_ids")
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.torchmon = System(torchmon, lambda ms: None)
+        self.torch = System(torch_monitor, lambda ms: None)
+        self.systems = (self.torchmon, self.torch)
+        self.next_id = 0
+
+    def both(self, action: Callable[[System], Any], view: Callable[[Any], Any] = tag) -> Any:
+        seen = []
+        for system in self.systems:
+            result, error, calls = observe(system, lambda s=system: action(s))
+            seen.append((view(result) if error is None else None, error, calls))
+        ours, theirs = normalise(seen[0]), seen[1]
+        note(f"torchmon: {seen[0]!r}")
+        assert ours == theirs, f"torchmon {ours!r} != torch {theirs!r}"
+        return seen[0]
+
+    @rule(
+        target=stat_ids,
+        name=names,
+        aggregations=st.lists(
+            st.sampled_from(["VALUE", "MEAN", "COUNT", "SUM", "MAX", "MIN"]), max_size=7
+        ),
+        window=st.sampled_from(HUGE_WINDOWS),
+        max_samples=st.one_of(st.none(), st.sampled_from([0, 1, 2, 3, 5, -1, True])),
+    )
+    def create_stat(
+        self, name: str, aggregations: list[str], window: Any, max_samples: int | None
+    ) -> Any:
+        sid = self.next_id
+        self.next_id += 1
+
+        def create(system: System) -> None:
+            args = [name, [system.aggregation(a) for a in aggregations], window]
+            if max_samples is not None:
+                args.append(max_samples)
+            system.stats[sid] = system.module.Stat(*args)
+
+        _, error, _ = self.both(create)
+        return multiple() if error else sid
+
+    @rule(sid=stat_ids, value=samples)
+    def add(self, sid: int, value: Any) -> None:
+        self.both(lambda s: s.stats[sid].add(value))
+
+    @rule(sid=stat_ids, values=st.lists(floats, min_size=1, max_size=12))
+    def add_several(self, sid: int, values: list[float]) -> None:
+        def add_all(system: System) -> None:
+            for value in values:
+                system.stats[sid].add(value)
+
+        self.both(add_all)
+
+    @rule(sid=stat_ids)
+    def get_count_name(self, sid: int) -> None:
+        self.both(
+            lambda s: (s.stats[sid].get(), s.stats[sid].count, s.stats[sid].name),
+            view=lambda r: (tag_get(r[0]), tag(r[1]), tag(r[2])),
+        )
+
+    @rule(sid=consumes(stat_ids))
+    def delete_stat(self, sid: int) -> None:
+        def delete(system: System) -> None:
+            # The last reference: destruction is immediate (gc.collect() would
+            # make each step slow once torch is imported).
+            del system.stats[sid]
+
+        self.both(delete)
+
+    @rule(target=handle_ids, kind=st.sampled_from(["record", "record", "rename"]))
+    def register(self, kind: str) -> int:
+        hid = self.next_id
+        self.next_id += 1
+
+        def register_in(system: System) -> None:
+            handler = make_handler(system, hid, kind, "")
+            system.handles[hid] = system.module.register_event_handler(handler)
+
+        self.both(register_in)
+        return hid
+
+    @rule(hid=consumes(handle_ids))
+    def unregister(self, hid: int) -> None:
+        # Each handle once: a second unregister segfaults torch.
+        self.both(lambda s: s.module.unregister_event_handler(s.handles.pop(hid)))
+
+    @rule(name=names, data=st.dictionaries(data_keys, data_values, max_size=4))
+    def log_event(self, name: str, data: dict[str, Any]) -> None:
+        def log(system: System) -> Any:
+            event = system.module.Event(name, FIXED_TS, data)
+            system.logged = event
+            try:
+                system.module.log_event(event)
+            finally:
+                system.logged = None
+            return (event.name, event.data, event.timestamp)
+
+        self.both(log, view=lambda r: tuple(tag(x) for x in r))
+
+    @rule(value=st.sampled_from([5, "event", 1.5]))
+    def log_non_event(self, value: Any) -> None:
+        self.both(lambda s: s.module.log_event(value))
+
+    @rule(value=st.sampled_from([1, "handler", 2.5]))
+    def register_non_callable(self, value: Any) -> None:
+        self.both(lambda s: s.module.register_event_handler(value))
+
+    def teardown(self) -> None:
+        # Unregister first, so that deleting Stats calls no handler.
+        for system in self.systems:
+            for handle in system.handles.values():
+                system.module.unregister_event_handler(handle)
+            system.handles.clear()
+            system.stats.clear()
+        gc.collect()
+
+
+TestTorchmonMatchesTorch = TorchmonMatchesTorch.TestCase

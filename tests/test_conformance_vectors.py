@@ -1,0 +1,103 @@
+"""torchmon against the shared torch 2.13 conformance vectors.
+
+Two ways: replay.py's own command line, exactly as the README tells a user to
+run it (``python replay.py torchmon torch-2.13-vectors.jsonl --show 5``), and
+in-process, one test per scenario, so that a failure names its scenario and
+shows the first differing op.
+
+The vectors live beside the checkout (``../shared/conformance``); without
+that folder these tests skip.
+"""
+
+from __future__ import annotations
+
+import gc
+import importlib.util
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import torchmon
+
+_CONFORMANCE = Path(__file__).resolve().parents[2] / "shared" / "conformance"
+_REPLAY = _CONFORMANCE / "replay.py"
+_VECTORS = _CONFORMANCE / "torch-2.13-vectors.jsonl"
+
+if _REPLAY.is_file() and _VECTORS.is_file():
+    _spec = importlib.util.spec_from_file_location("torchmon_vectors_replay", _REPLAY)
+    assert _spec is not None and _spec.loader is not None
+    replay: Any = importlib.util.module_from_spec(_spec)
+    _spec.loader.exec_module(replay)
+    with _VECTORS.open(encoding="utf-8") as f:
+        SCENARIOS = [json.loads(line) for line in f if line.strip()]
+else:  # the shared folder is absent: every test below skips through shared_dir
+    replay = None
+    SCENARIOS = []
+
+
+def _replay_cli(shared_dir: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    conformance = shared_dir / "conformance"
+    return subprocess.run(
+        [
+            sys.executable,
+            str(conformance / "replay.py"),
+            "torchmon",
+            str(conformance / "torch-2.13-vectors.jsonl"),
+            *args,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+
+
+def test_replay_cli_all_scenarios_match(shared_dir):
+    proc = _replay_cli(shared_dir, "--show", "5")
+    lines = proc.stdout.strip().splitlines()
+    assert lines, proc.stderr
+    assert lines[-1] == "conformance: 400/400 scenarios match", proc.stdout + proc.stderr
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "mismatch" not in proc.stdout
+
+
+def test_replay_cli_all_scenarios_match_strict_zero(shared_dir):
+    """--strict-zero: -0.0 and 0.0 are different (SUM of a lone -0.0 is +0.0, its MIN -0.0)."""
+    proc = _replay_cli(shared_dir, "--show", "5", "--strict-zero")
+    lines = proc.stdout.strip().splitlines()
+    assert lines, proc.stderr
+    assert lines[-1] == "conformance: 400/400 scenarios match", proc.stdout + proc.stderr
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_vectors_present(shared_dir):
+    assert len(SCENARIOS) == 400
+    assert len({sc["id"] for sc in SCENARIOS}) == 400
+
+
+@pytest.fixture(scope="module")
+def _cheap_gc():
+    """Every "del" op runs gc.collect(); leave the objects that already exist out of
+    those collections, as replay.py's main() does, and hand them back afterwards."""
+    gc.collect()
+    gc.freeze()
+    yield
+    gc.unfreeze()
+
+
+@pytest.mark.parametrize("scenario", SCENARIOS, ids=[sc["id"] for sc in SCENARIOS])
+def test_scenario_matches(scenario, shared_dir, _cheap_gc):
+    got = replay.run_scenario(torchmon, scenario)
+    i = replay.first_mismatch(scenario["expect"], got, strict_zero=True)
+    if i is not None:
+        op = scenario["ops"][i] if i < len(scenario["ops"]) else None
+        expected = scenario["expect"][i] if i < len(scenario["expect"]) else None
+        actual = got[i] if i < len(got) else None
+        pytest.fail(
+            f"op #{i}: {replay.dumps(op)}\n"
+            f"expected: {replay.dumps(expected)}\n"
+            f"got:      {replay.dumps(actual)}"
+        )
