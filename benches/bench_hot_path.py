@@ -1,0 +1,139 @@
+"""Hot-path benchmark: torchmon against torch.monitor and a bare native call, in one process.
+
+Run:  python benches/bench_hot_path.py [--repeat 7] [--number 200000] [--json out.json]
+
+Every figure is the minimum over ``--repeat`` runs of ``--number`` calls
+(these machines are noisy: the minimum is the least disturbed run), in
+nanoseconds per operation. Ratios are taken against ``math.fabs(1.5)``, the
+floor for any Python-to-native call, and against torch.monitor measured in
+the same run (when torch is importable).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import platform
+import sys
+import timeit
+from datetime import datetime, timedelta
+from typing import Any
+
+import torchmon
+from torchmon.testing import ManualClock
+
+try:
+    import torch.monitor as torch_monitor
+except ImportError:  # the comparison column stays empty
+    torch_monitor = None
+
+HOUR = timedelta(hours=1)
+
+
+def ns_per_op(stmt: str, env: dict[str, Any], number: int, repeat: int) -> float:
+    timer = timeit.Timer(stmt, globals=env)
+    return min(timer.repeat(repeat=repeat, number=number)) / number * 1e9
+
+
+def environment(module: Any) -> dict[str, Any]:
+    """The objects each statement uses, built from one implementation."""
+    agg = module.Aggregation
+    five = [agg.MEAN, agg.COUNT, agg.SUM, agg.MAX, agg.MIN]
+    now = datetime.now()
+    event = module.Event("bench", now, {"a": 1, "b": 2.5, "c": "x"})
+    stat5 = module.Stat("bench.five", five, HOUR)
+    return {
+        "m": module,
+        "now": now,
+        "event": event,
+        "stat1": module.Stat("bench.one", [agg.SUM], HOUR),
+        "stat5": stat5,
+        "bound_add": stat5.add,
+        "Stat": module.Stat,
+        "SUM": [agg.SUM],
+        "HOUR": HOUR,
+    }
+
+
+CASES = [
+    ("Stat.add, 1 aggregation", "stat1.add(1.5)", 0),
+    ("Stat.add, 5 aggregations", "stat5.add(1.5)", 0),
+    ("Stat.add via a bound method", "bound_add(1.5)", 0),
+    ("Event(name, ts, 3 fields)", "m.Event('bench', now, {'a': 1, 'b': 2.5, 'c': 'x'})", 0),
+    ("log_event, 0 handlers", "m.log_event(event)", 0),
+    ("log_event, 1 handler", "m.log_event(event)", 1),
+    ("log_event, 8 handlers", "m.log_event(event)", 8),
+    ("event.data, 3 fields", "event.data", 0),
+    # max_samples=1: the add closes its window and emits one event. A Stat
+    # is made for each, so creating one is measured alone and subtracted.
+    ("window close emitting to 1 handler", "Stat('c', SUM, HOUR, 1).add(1.5)", 1),
+]
+BASELINES = {"window close emitting to 1 handler": "Stat('c', SUM, HOUR, 1)"}
+
+
+def measure(module: Any, args: argparse.Namespace) -> dict[str, float]:
+    results = {}
+    env = environment(module)
+    for label, stmt, handlers in CASES:
+        handles = [module.register_event_handler(lambda e: None) for _ in range(handlers)]
+        try:
+            results[label] = ns_per_op(stmt, env, args.number, args.repeat)
+            if label in BASELINES:
+                results[label] -= ns_per_op(BASELINES[label], env, args.number, args.repeat)
+        finally:
+            for handle in handles:
+                module.unregister_event_handler(handle)
+    return results
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeat", type=int, default=7)
+    parser.add_argument("--number", type=int, default=200_000)
+    parser.add_argument("--json", default="bench-results/hot_path.json")
+    args = parser.parse_args()
+
+    floor = ns_per_op("fabs(1.5)", {"fabs": math.fabs}, args.number, args.repeat)
+    ours = measure(torchmon, args)
+    theirs = measure(torch_monitor, args) if torch_monitor is not None else {}
+
+    # The test clock's cost: the same add while a ManualClock is active.
+    env = environment(torchmon)
+    with ManualClock(0):
+        ours["Stat.add, 5 aggregations, ManualClock active"] = ns_per_op(
+            "stat5.add(1.5)", env, args.number, args.repeat
+        )
+
+    print(
+        f"Python {platform.python_version()}, {platform.machine()}; "
+        f"min of {args.repeat} x {args.number} calls; math.fabs(1.5) = {floor:.1f} ns\n"
+    )
+    print("| operation | torchmon ns | × fabs | torch.monitor ns | torch / torchmon |")
+    print("| --- | ---: | ---: | ---: | ---: |")
+    for label, value in ours.items():
+        torch_ns = theirs.get(label)
+        torch_cells = (
+            f"{torch_ns:.0f} | {torch_ns / value:.1f} ×" if torch_ns is not None else "– | –"
+        )
+        print(f"| {label} | {value:.1f} | {value / floor:.2f} | {torch_cells} |")
+
+    report = {
+        "python": sys.version,
+        "repeat": args.repeat,
+        "number": args.number,
+        "fabs_ns": floor,
+        "torchmon_ns": ours,
+        "torch_monitor_ns": theirs,
+    }
+    if args.json:
+        import pathlib
+
+        path = pathlib.Path(args.json)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(report, indent=2))
+        print(f"\nwritten to {path}")
+
+
+if __name__ == "__main__":
+    main()
