@@ -106,12 +106,6 @@ impl<H> Registry<H> {
         }
         self.entries.lock().clone()
     }
-
-    /// Runs `f` on the registry's lock, for fork handling: the lock is taken
-    /// before `fork()` and released in both processes after it.
-    pub fn lock_for_fork(&self) -> parking_lot::MutexGuard<'_, Option<Snapshot<H>>> {
-        self.entries.lock()
-    }
 }
 
 #[cfg(test)]
