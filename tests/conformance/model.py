@@ -311,7 +311,12 @@ def _dispatch(make_event):
             else:
                 _report_unraisable(exc, "Exception ignored in handler", handle._callback)
     if first_error is not None:
-        raise first_error
+        try:
+            raise first_error
+        finally:
+            # A local holding the exception whose traceback holds this frame
+            # is a cycle that would keep a Stat alive until the next gc run.
+            del first_error
 
 
 def log_event(event):
@@ -459,7 +464,10 @@ class Stat:
                 else:
                     _report_unraisable(exc, "Exception ignored emitting a Stat window", self)
         if first_error is not None:
-            raise first_error
+            try:
+                raise first_error
+            finally:
+                del first_error  # no frame <-> exception cycle (see _dispatch)
 
     def _emit(self, window):
         timestamp = datetime.datetime.now()  # naive local time, as torch
