@@ -1,6 +1,7 @@
 //! `Stat`: the binding around `stat::Stat`, emitting closed windows as Events.
 
 use parking_lot::Mutex;
+use pyo3::buffer::{Element, ElementType, PyUntypedBuffer};
 use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
@@ -294,7 +295,33 @@ impl Stat {
     #[pyo3(signature = (v))]
     fn add(&self, py: Python<'_>, v: &Bound<'_, PyAny>) -> PyResult<()> {
         let value = sample(v)?;
+        // On GIL builds the GIL serialises every call on every Stat (no
+        // binding releases it while touching one), which is the guarantee
+        // `add_serialized` asks for; free-threaded builds take the lock-free
+        // path.
+        #[cfg(not(Py_GIL_DISABLED))]
+        let closed = self.shared.core.add_serialized(value);
+        #[cfg(Py_GIL_DISABLED)]
         let closed = self.shared.core.add(value);
+        if closed.is_empty() {
+            return Ok(());
+        }
+        self.shared.emit(py, &closed)
+    }
+
+    /// Adds every value of `values` in order, at one instant: the same
+    /// result as calling `add` on each (see docs/performance.md). `values` is
+    /// a one-dimensional buffer of float64/float32 or (un)signed integers,
+    /// read in place, or any iterable of numbers. Nothing is added when one
+    /// of the values is not a number.
+    fn add_many(&self, py: Python<'_>, values: &Bound<'_, PyAny>) -> PyResult<()> {
+        let closed = match PyUntypedBuffer::get(values) {
+            Ok(buffer) => match add_buffer(&self.shared.core, py, &buffer)? {
+                Some(closed) => closed,
+                None => add_iterable(&self.shared.core, values)?,
+            },
+            Err(_) => add_iterable(&self.shared.core, values)?,
+        };
         if closed.is_empty() {
             return Ok(());
         }
@@ -370,4 +397,148 @@ pub fn _flush_all_stats(py: Python<'_>) {
 #[pyfunction]
 pub fn _live_stat_count() -> usize {
     LIVE.lock().len()
+}
+
+/// `add_many` over a buffer whose items it can read as numbers; `None` for
+/// other item types (bool, float16, structs, big-endian), which are iterated.
+fn add_buffer(
+    core: &CoreStat,
+    py: Python<'_>,
+    buffer: &PyUntypedBuffer,
+) -> PyResult<Option<Closed>> {
+    if buffer.dimensions() != 1 {
+        return Err(PyValueError::new_err(format!(
+            "Stat.add_many(values): values must be one-dimensional, not a {}-dimensional buffer",
+            buffer.dimensions()
+        )));
+    }
+    if !native_byte_order(buffer.format().to_bytes()) {
+        return Ok(None);
+    }
+    let now = core.now_ms();
+    match ElementType::from_format(buffer.format()) {
+        ElementType::Float { bytes: 8 } => add_typed::<f64>(core, py, buffer, now),
+        ElementType::Float { bytes: 4 } => add_typed::<f32>(core, py, buffer, now),
+        ElementType::SignedInteger { bytes: 8 } => {
+            // Rounded to nearest, ties to even: what float(int) does.
+            add_typed::<i64>(core, py, buffer, now)
+        }
+        ElementType::SignedInteger { bytes: 4 } => add_typed::<i32>(core, py, buffer, now),
+        ElementType::SignedInteger { bytes: 2 } => add_typed::<i16>(core, py, buffer, now),
+        ElementType::SignedInteger { bytes: 1 } => add_typed::<i8>(core, py, buffer, now),
+        ElementType::UnsignedInteger { bytes: 8 } => add_typed::<u64>(core, py, buffer, now),
+        ElementType::UnsignedInteger { bytes: 4 } => add_typed::<u32>(core, py, buffer, now),
+        ElementType::UnsignedInteger { bytes: 2 } => add_typed::<u16>(core, py, buffer, now),
+        ElementType::UnsignedInteger { bytes: 1 } => add_typed::<u8>(core, py, buffer, now),
+        _ => Ok(None),
+    }
+}
+
+/// Whether a struct-module format's items are in this machine's byte order.
+/// Checked here because PyO3 0.30.1's own check (`Element::is_compatible_format`)
+/// takes `>` for native on little-endian machines and would read big-endian
+/// data as if it were native.
+fn native_byte_order(format: &[u8]) -> bool {
+    match format.first() {
+        Some(b'@' | b'=') => true,
+        Some(b'<') => cfg!(target_endian = "little"),
+        Some(b'>' | b'!') => cfg!(target_endian = "big"),
+        _ => true,
+    }
+}
+
+/// A buffer item type `add_many` reads, and its conversion to a sample.
+trait BufferItem: Element + Copy {
+    fn to_f64(self) -> f64;
+}
+
+macro_rules! lossless_items {
+    ($($t:ty),*) => {$(
+        impl BufferItem for $t {
+            #[inline(always)]
+            fn to_f64(self) -> f64 {
+                f64::from(self)
+            }
+        }
+    )*};
+}
+lossless_items!(f64, f32, i32, i16, i8, u32, u16, u8);
+
+impl BufferItem for i64 {
+    #[inline(always)]
+    fn to_f64(self) -> f64 {
+        // Rounded to nearest, ties to even: what float(int) does.
+        self as f64
+    }
+}
+
+impl BufferItem for u64 {
+    #[inline(always)]
+    fn to_f64(self) -> f64 {
+        self as f64
+    }
+}
+
+/// Reads the buffer as `T` (in place when C-contiguous, else through a copy);
+/// `None` when its format is not exactly `T` (e.g. byte-swapped).
+fn add_typed<T: BufferItem>(
+    core: &CoreStat,
+    py: Python<'_>,
+    buffer: &PyUntypedBuffer,
+    now: i64,
+) -> PyResult<Option<Closed>> {
+    let Ok(typed) = buffer.as_typed::<T>() else {
+        return Ok(None);
+    };
+    let in_place = typed
+        .as_slice_ptr()
+        .filter(|items| items.cast::<T>().as_ptr().is_aligned());
+    let closed = match in_place {
+        Some(items) => {
+            let (first, len) = (items.cast::<T>().as_ptr().cast_const(), items.len());
+            let read = move |index: usize| {
+                // SAFETY: `first` points at `len` items of `T` (the exporter
+                // described them so, and `as_typed` checked the format and item
+                // size), C-contiguous, aligned (checked above), and kept alive
+                // and in place until `buffer` is released, after this function
+                // (PEP 3118); `index < len` (the range below). Every bit
+                // pattern is a valid f64/f32/integer, so whatever a native
+                // thread that writes without the GIL leaves there is a valid
+                // value; the volatile read keeps the compiler from assuming
+                // the memory is unchanging while it is read.
+                unsafe { first.add(index).read_volatile() }
+            };
+            core.add_many_at((0..len).map(move |index| read(index).to_f64()), now)
+        }
+        None => {
+            let copy = typed.to_vec(py)?;
+            core.add_many_at(copy.iter().map(|&v| v.to_f64()), now)
+        }
+    };
+    Ok(Some(closed))
+}
+
+/// `add_many` over any iterable: every value is converted first, so that a
+/// bad one adds nothing.
+fn add_iterable(core: &CoreStat, values: &Bound<'_, PyAny>) -> PyResult<Closed> {
+    let iterator = values.try_iter().map_err(|_| {
+        PyTypeError::new_err(format!(
+            "Stat.add_many(values): values must be a buffer or an iterable of real numbers, not {}",
+            type_name(values)
+        ))
+    })?;
+    let mut samples = Vec::with_capacity(values.len().unwrap_or(0));
+    for (index, value) in iterator.enumerate() {
+        let value = value?;
+        let converted = sample(&value).map_err(|cause| {
+            let err = PyTypeError::new_err(format!(
+                "Stat.add_many(values): values[{index}] must be a real number (float, int, bool or an object with __float__), not {}",
+                type_name(&value)
+            ));
+            err.set_cause(value.py(), Some(cause));
+            err
+        })?;
+        samples.push(converted);
+    }
+    Ok(core.add_many_at(samples.iter().copied(), core.now_ms()))
 }

@@ -4,6 +4,8 @@ from collections.abc import Callable, Iterable, Mapping
 from datetime import date, datetime, time, timedelta
 from typing import ClassVar, TypeAlias, final
 
+from typing_extensions import Buffer
+
 _Text: TypeAlias = str | bytes | bytearray
 _DataValue: TypeAlias = str | int | float | bool
 
@@ -57,6 +59,7 @@ class Stat:
         max_samples: int = ...,
     ) -> Stat: ...
     def add(self, v: float) -> None: ...
+    def add_many(self, values: Iterable[float] | Buffer) -> None: ...
     def get(self) -> dict[Aggregation, float]: ...
     @property
     def count(self) -> int: ...
