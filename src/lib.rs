@@ -12,6 +12,7 @@ mod py_aggregation;
 mod py_clock;
 mod py_convert;
 mod py_event;
+mod py_gil_cell;
 mod py_registry;
 mod py_stat;
 

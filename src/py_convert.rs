@@ -111,9 +111,34 @@ fn int64_value<'py>(value: &Bound<'py, PyAny>, what: &str) -> PyResult<Bound<'py
     }
 }
 
+/// Whether `value` is already what `data_value` would make of it: an exact
+/// float, bool, int in the int64 range or UTF-8-encodable str. Runs no
+/// Python code, so it is safe while iterating a dict.
+#[inline]
+pub fn is_normalised_value(value: &Bound<'_, PyAny>) -> bool {
+    if value.is_exact_instance_of::<PyFloat>() || value.is_exact_instance_of::<PyBool>() {
+        return true;
+    }
+    if value.is_exact_instance_of::<PyInt>() {
+        return value.extract::<i64>().is_ok();
+    }
+    is_plain_str(value)
+}
+
+/// An exact str that encodes as UTF-8 (no lone surrogates).
+#[inline]
+pub fn is_plain_str(value: &Bound<'_, PyAny>) -> bool {
+    value
+        .cast_exact::<PyString>()
+        .is_ok_and(|s| s.to_str().is_ok())
+}
+
 /// An Event data value, normalised to exact `str`, `int` (int64), `float`
 /// or `bool`.
 pub fn data_value<'py>(value: &Bound<'py, PyAny>, key: &str) -> PyResult<Bound<'py, PyAny>> {
+    if is_normalised_value(value) {
+        return Ok(value.clone());
+    }
     let py = value.py();
     if value.is_exact_instance_of::<PyFloat>()
         || value.is_exact_instance_of::<PyBool>()

@@ -4,31 +4,28 @@
 //! normalised (exact str keys; exact str/int/float/bool values), so reading
 //! `event.data` is a dict copy.
 
-use parking_lot::Mutex;
 use pyo3::exceptions::PyTypeError;
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
 use pyo3::types::{PyDate, PyDateTime, PyDict, PyString, PyTuple, PyType};
 
-use crate::py_convert::{Surrogates, data_value, string_arg, type_name};
+use crate::py_convert::{
+    Surrogates, data_value, is_normalised_value, is_plain_str, string_arg, type_name,
+};
+use crate::py_gil_cell::GilCell;
 
 /// Marker for the types an Event data value may have: str, float, int, bool.
 #[pyclass(name = "data_value_t", module = "torchmon", frozen)]
 pub struct DataValueT;
 
-struct Fields {
-    name: Py<PyString>,
-    timestamp: Py<PyAny>,
-    data: Py<PyDict>,
-}
-
 /// A structured record: a name, a timestamp and a dict of values.
 #[pyclass(name = "Event", module = "torchmon", frozen)]
 pub struct Event {
-    // Setters swap values in and drop the old ones after unlocking, since a
-    // drop may run Python code (a datetime subclass's __del__) that reads
-    // this Event.
-    fields: Mutex<Fields>,
+    // Replaced values are dropped after the cell is left: a drop may run
+    // Python code (a datetime subclass's __del__) that reads this Event.
+    name: GilCell<Py<PyString>>,
+    timestamp: GilCell<Py<PyAny>>,
+    data: GilCell<Py<PyDict>>,
 }
 
 fn mapping_abc(py: Python<'_>) -> PyResult<&Bound<'_, PyType>> {
@@ -77,6 +74,14 @@ fn event_timestamp<'py>(value: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyAny>
 /// Validates `data` and copies it into a new dict of normalised values.
 pub fn event_data<'py>(value: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyDict>> {
     let py = value.py();
+    // The common case, a plain dict of plain values, is one C-level copy.
+    if let Ok(dict) = value.cast_exact::<PyDict>()
+        && dict
+            .iter()
+            .all(|(key, item)| is_plain_str(&key) && is_normalised_value(&item))
+    {
+        return dict.copy();
+    }
     let copy = PyDict::new(py);
     let put = |key: &Bound<'py, PyAny>, item: &Bound<'py, PyAny>| -> PyResult<()> {
         let key = crate::py_convert::try_string(key, "Event data key", Surrogates::TypeError)?
@@ -112,24 +117,22 @@ impl Event {
     /// An Event from already-validated parts (Stat events).
     pub fn from_parts(name: Py<PyString>, timestamp: Py<PyAny>, data: Py<PyDict>) -> Self {
         Event {
-            fields: Mutex::new(Fields {
-                name,
-                timestamp,
-                data,
-            }),
+            name: GilCell::new(name),
+            timestamp: GilCell::new(timestamp),
+            data: GilCell::new(data),
         }
     }
 
     fn name_ref(&self, py: Python<'_>) -> Py<PyString> {
-        self.fields.lock().name.clone_ref(py)
+        self.name.get(py)
     }
 
     fn timestamp_ref(&self, py: Python<'_>) -> Py<PyAny> {
-        self.fields.lock().timestamp.clone_ref(py)
+        self.timestamp.get(py)
     }
 
     fn data_ref(&self, py: Python<'_>) -> Py<PyDict> {
-        self.fields.lock().data.clone_ref(py)
+        self.data.get(py)
     }
 }
 
@@ -160,7 +163,7 @@ impl Event {
     #[setter]
     fn set_name(&self, value: &Bound<'_, PyAny>) -> PyResult<()> {
         let name = event_name(value)?.unbind();
-        let old = std::mem::replace(&mut self.fields.lock().name, name);
+        let old = self.name.replace(value.py(), name);
         drop(old);
         Ok(())
     }
@@ -173,7 +176,7 @@ impl Event {
     #[setter]
     fn set_timestamp(&self, value: &Bound<'_, PyAny>) -> PyResult<()> {
         let timestamp = event_timestamp(value)?.unbind();
-        let old = std::mem::replace(&mut self.fields.lock().timestamp, timestamp);
+        let old = self.timestamp.replace(value.py(), timestamp);
         drop(old);
         Ok(())
     }
@@ -187,7 +190,7 @@ impl Event {
     #[setter]
     fn set_data(&self, value: &Bound<'_, PyAny>) -> PyResult<()> {
         let data = event_data(value)?.unbind();
-        let old = std::mem::replace(&mut self.fields.lock().data, data);
+        let old = self.data.replace(value.py(), data);
         drop(old);
         Ok(())
     }

@@ -5,9 +5,96 @@ use pyo3::prelude::*;
 
 use crate::py_convert::type_name;
 use crate::py_event::Event;
-use crate::registry::{Registry, Snapshot};
+#[cfg(not(Py_GIL_DISABLED))]
+use crate::py_gil_cell::GilCell;
+#[cfg(not(Py_GIL_DISABLED))]
+use crate::registry::Entry;
+use crate::registry::Registry;
+#[cfg(Py_GIL_DISABLED)]
+use crate::registry::Snapshot;
+#[cfg(not(Py_GIL_DISABLED))]
+use pyo3::types::PyTuple;
+#[cfg(not(Py_GIL_DISABLED))]
+use std::sync::Arc;
 
-pub static HANDLERS: Registry<Py<PyAny>> = Registry::new();
+static HANDLERS: Registry<Py<PyAny>> = Registry::new();
+
+/// One registered handler as GIL-build dispatch sees it.
+#[cfg(not(Py_GIL_DISABLED))]
+#[pyclass(frozen)]
+struct DispatchEntry {
+    entry: Arc<Entry<Py<PyAny>>>,
+}
+
+/// On GIL builds, `HANDLERS`' current list as a tuple of `DispatchEntry`,
+/// replaced with the GIL held whenever the list changes (registration holds
+/// the GIL throughout, so the tuple always matches the list). Dispatch takes
+/// it with a `Py_INCREF` instead of the registry lock and an `Arc` count:
+/// four atomic read-modify-writes (~40 ns here) fewer per `log_event`.
+#[cfg(not(Py_GIL_DISABLED))]
+static DISPATCH_LIST: GilCell<Option<Py<PyTuple>>> = GilCell::new(None);
+
+/// The handlers to call for one event, in registration order.
+pub struct Handlers {
+    #[cfg(not(Py_GIL_DISABLED))]
+    list: Py<PyTuple>,
+    #[cfg(Py_GIL_DISABLED)]
+    list: Snapshot<Py<PyAny>>,
+}
+
+/// The handlers registered now (`None`: there are none).
+#[inline]
+pub fn current_handlers(py: Python<'_>) -> Option<Handlers> {
+    #[cfg(not(Py_GIL_DISABLED))]
+    {
+        DISPATCH_LIST.get(py).map(|list| Handlers { list })
+    }
+    #[cfg(Py_GIL_DISABLED)]
+    {
+        let _ = py;
+        HANDLERS.snapshot().map(|list| Handlers { list })
+    }
+}
+
+/// Publishes `HANDLERS`' current list to dispatch after it changed; returns
+/// the replaced tuple, to be dropped by the caller.
+///
+/// Building the tuple allocates, which may run the garbage collector and with
+/// it Python code (a `__del__` that registers a handler, or a switch to
+/// another thread that does): a tuple built from a list that changed meanwhile
+/// is built again, so the one published always matches the current list.
+#[cfg(not(Py_GIL_DISABLED))]
+fn publish(py: Python<'_>) -> PyResult<Option<Py<PyTuple>>> {
+    loop {
+        let list = HANDLERS.snapshot();
+        let tuple = match &list {
+            None => None,
+            Some(list) => {
+                let entries = list
+                    .iter()
+                    .map(|entry| {
+                        Py::new(
+                            py,
+                            DispatchEntry {
+                                entry: Arc::clone(entry),
+                            },
+                        )
+                    })
+                    .collect::<PyResult<Vec<_>>>()?;
+                Some(PyTuple::new(py, entries)?.unbind())
+            }
+        };
+        let unchanged = match (&list, HANDLERS.snapshot()) {
+            (None, None) => true,
+            // `list` is alive, so its address cannot have been reused.
+            (Some(built), Some(now)) => Arc::ptr_eq(built, &now),
+            _ => false,
+        };
+        if unchanged {
+            return Ok(DISPATCH_LIST.replace(py, tuple));
+        }
+    }
+}
 
 /// Returned by `register_event_handler`; pass it to `unregister_event_handler`.
 #[pyclass(name = "EventHandlerHandle", module = "torchmon", frozen)]
@@ -32,6 +119,15 @@ pub fn register_event_handler(callback: &Bound<'_, PyAny>) -> PyResult<EventHand
         )));
     }
     let (id, replaced) = HANDLERS.register(callback.clone().unbind());
+    #[cfg(not(Py_GIL_DISABLED))]
+    let replaced = match publish(callback.py()) {
+        Ok(tuple) => (replaced, tuple),
+        Err(err) => {
+            // Not dispatchable (out of memory): not registered either.
+            drop((replaced, HANDLERS.unregister(id)));
+            return Err(err);
+        }
+    };
     drop(replaced);
     Ok(EventHandlerHandle { id })
 }
@@ -46,6 +142,10 @@ pub fn unregister_event_handler(handle: &Bound<'_, PyAny>) -> PyResult<()> {
         ))
     })?;
     let (_, replaced) = HANDLERS.unregister(handle.get().id);
+    #[cfg(not(Py_GIL_DISABLED))]
+    // Should publishing fail, the old tuple still holds the entry, whose
+    // cleared `active` flag keeps dispatch from starting it.
+    let replaced = (replaced, publish(handle.py())?);
     // Dropping the replaced list may run a handler's __del__: do it unlocked.
     drop(replaced);
     Ok(())
@@ -60,9 +160,9 @@ pub fn log_event(event: &Bound<'_, PyAny>) -> PyResult<()> {
             type_name(event)
         )));
     }
-    match HANDLERS.snapshot() {
+    match current_handlers(event.py()) {
         None => Ok(()),
-        Some(snapshot) => dispatch(event.py(), &snapshot, |_| Ok(event.clone())),
+        Some(handlers) => dispatch(event.py(), &handlers, |_| Ok(event.clone())),
     }
 }
 
@@ -96,25 +196,37 @@ impl Failures {
     }
 }
 
-/// Runs the active handlers of `snapshot`; `event_for(i)` gives the Event
+/// Runs the active handlers of `handlers`; `event_for(i)` gives the Event
 /// handed to the i-th handler started.
 pub fn dispatch<'py>(
     py: Python<'py>,
-    snapshot: &Snapshot<Py<PyAny>>,
+    handlers: &Handlers,
     mut event_for: impl FnMut(usize) -> PyResult<Bound<'py, PyAny>>,
 ) -> PyResult<()> {
     let mut failures = Failures::default();
     let mut started = 0;
-    for entry in snapshot.iter() {
-        if !entry.is_active() {
-            continue;
+    let mut run = |is_active: bool, handler: &Bound<'py, PyAny>| {
+        if !is_active {
+            return;
         }
-        let handler = entry.handler.bind(py);
         let result = event_for(started).and_then(|event| handler.call1((event,)).map(drop));
         started += 1;
         if let Err(err) = result {
             failures.add(py, err, handler);
         }
+    };
+    #[cfg(not(Py_GIL_DISABLED))]
+    for item in handlers.list.bind(py).iter() {
+        // Only `publish` builds these tuples, of DispatchEntry alone.
+        let Ok(item) = item.cast::<DispatchEntry>() else {
+            continue;
+        };
+        let entry = &item.get().entry;
+        run(entry.is_active(), entry.handler.bind(py));
+    }
+    #[cfg(Py_GIL_DISABLED)]
+    for entry in handlers.list.iter() {
+        run(entry.is_active(), entry.handler.bind(py));
     }
     failures.into_result()
 }

@@ -14,7 +14,7 @@ use crate::aggregation::Aggregation;
 use crate::py_aggregation::PyAggregation;
 use crate::py_convert::{Surrogates, datetime_now, sample, string_arg, type_name};
 use crate::py_event::Event;
-use crate::py_registry::{HANDLERS, dispatch};
+use crate::py_registry::{current_handlers, dispatch};
 use crate::stat::{Closed, Stat as CoreStat, WindowStats};
 
 pub const STAT_EVENT: &str = "torch.monitor.Stat";
@@ -50,7 +50,7 @@ fn stat_event_name(py: Python<'_>) -> &Bound<'_, PyString> {
 impl StatShared {
     /// Dispatches one closed window as a `torch.monitor.Stat` event.
     fn emit_window(&self, py: Python<'_>, window: &WindowStats) -> PyResult<()> {
-        let Some(snapshot) = HANDLERS.snapshot() else {
+        let Some(handlers) = current_handlers(py) else {
             return Ok(());
         };
         let data = PyDict::new(py);
@@ -62,7 +62,7 @@ impl StatShared {
         let data = data.unbind();
         // Each handler gets its own Event (renaming one must not affect the
         // next). They may share the dict: an Event never hands it out.
-        dispatch(py, &snapshot, |_| {
+        dispatch(py, &handlers, |_| {
             let event = Event::from_parts(
                 name.clone_ref(py),
                 timestamp.clone_ref(py),
