@@ -490,29 +490,36 @@ fn add_typed<T: BufferItem>(
     let Ok(typed) = buffer.as_typed::<T>() else {
         return Ok(None);
     };
+    // Free-threaded builds always copy (in C, PyBuffer_ToContiguous): a
+    // Python thread may write the buffer while it is read.
     let in_place = typed
         .as_slice_ptr()
-        .filter(|items| items.cast::<T>().as_ptr().is_aligned());
+        .filter(|items| cfg!(not(Py_GIL_DISABLED)) && items.cast::<T>().as_ptr().is_aligned());
     let closed = match in_place {
+        Some(items) if items.is_empty() => Closed::default(),
         Some(items) => {
             let (first, len) = (items.cast::<T>().as_ptr().cast_const(), items.len());
-            let read = move |index: usize| {
-                // SAFETY: `first` points at `len` items of `T` (the exporter
-                // described them so, and `as_typed` checked the format and item
-                // size), C-contiguous, aligned (checked above), and kept alive
-                // and in place until `buffer` is released, after this function
-                // (PEP 3118); `index < len` (the range below). Every bit
-                // pattern is a valid f64/f32/integer, so whatever a native
-                // thread that writes without the GIL leaves there is a valid
-                // value; the volatile read keeps the compiler from assuming
-                // the memory is unchanging while it is read.
+            let read = |index: usize| {
+                let index = index.min(len - 1);
+                // SAFETY: `first` points at `len > 0` items of `T` (as the
+                // exporter described them; `as_typed` checked the format and
+                // item size), C-contiguous, aligned (checked above), valid
+                // and in place until `buffer` is released after this function
+                // returns (PEP 3118's contract), and `index < len` (clamped
+                // above). Every bit pattern is a valid `T`. No writer runs
+                // meanwhile: we hold the GIL (a GIL build, see above), which
+                // excludes every Python-level writer; a native thread writing
+                // the buffer without the GIL would race with every consumer
+                // of the buffer protocol (numpy's own reductions included),
+                // and is outside what any reader can exclude. The read is
+                // volatile so the compiler does not merge or reorder it.
                 unsafe { first.add(index).read_volatile() }
             };
-            core.add_many_at((0..len).map(move |index| read(index).to_f64()), now)
+            core.add_many_at(len, |index| read(index).to_f64(), now)
         }
         None => {
             let copy = typed.to_vec(py)?;
-            core.add_many_at(copy.iter().map(|&v| v.to_f64()), now)
+            core.add_many_at(copy.len(), |index| copy[index].to_f64(), now)
         }
     };
     Ok(Some(closed))
@@ -540,5 +547,5 @@ fn add_iterable(core: &CoreStat, values: &Bound<'_, PyAny>) -> PyResult<Closed> 
         })?;
         samples.push(converted);
     }
-    Ok(core.add_many_at(samples.iter().copied(), core.now_ms()))
+    Ok(core.add_many_at(samples.len(), |index| samples[index], core.now_ms()))
 }

@@ -226,14 +226,14 @@ impl Phase {
     /// the values from the accumulators' current contents, then one publish
     /// each. A publish that lost a race with a concurrent writer redoes that
     /// accumulator's pass from the value it found.
-    fn fold_many<I: Iterator<Item = f64> + Clone>(&self, needs: Needs, values: I) {
+    fn fold_many(&self, needs: Needs, len: usize, value_at: &impl Fn(usize) -> f64) {
         let start = Folded {
             sum: self.sum.load(Ordering::Relaxed),
             min: self.min.load(Ordering::Relaxed),
             max: self.max.load(Ordering::Relaxed),
             last: EMPTY_BITS,
         };
-        let folded = start.fold_by(needs, values.clone());
+        let folded = start.fold_by(needs, len, value_at);
         if folded.last == EMPTY_BITS {
             return; // no values
         }
@@ -252,7 +252,7 @@ impl Phase {
                     max: current,
                     last: EMPTY_BITS,
                 }
-                .fold_by(needs, values.clone());
+                .fold_by(needs, len, value_at);
                 match cell.compare_exchange_weak(
                     current,
                     pick(&again),
@@ -322,10 +322,11 @@ impl Folded {
     /// so that only the sum's dependency chain bounds it; `WITH_SUM` false
     /// skips that chain when no aggregation reads the sum.
     #[inline(always)]
-    fn fold<const WITH_SUM: bool>(self, mut values: impl Iterator<Item = f64>) -> Folded {
-        let Some(first) = values.next() else {
+    fn fold<const WITH_SUM: bool>(self, len: usize, value_at: &impl Fn(usize) -> f64) -> Folded {
+        if len == 0 {
             return self;
-        };
+        }
+        let first = value_at(0);
         let mut sum = f64::from_bits(self.sum);
         if WITH_SUM {
             sum += first;
@@ -339,9 +340,8 @@ impl Folded {
         };
         let mut min = start(self.min, f64::from_bits(self.min) > first);
         let mut max = start(self.max, f64::from_bits(self.max) < first);
-        let mut last = first;
-        for v in values {
-            last = v;
+        for index in 1..len {
+            let v = value_at(index);
             if WITH_SUM {
                 sum += v;
             }
@@ -352,15 +352,15 @@ impl Folded {
             sum: sum.to_bits(),
             min: sample_bits(min),
             max: sample_bits(max),
-            last: sample_bits(last),
+            last: sample_bits(value_at(len - 1)),
         }
     }
 
-    fn fold_by(self, needs: Needs, values: impl Iterator<Item = f64>) -> Folded {
+    fn fold_by(self, needs: Needs, len: usize, value_at: &impl Fn(usize) -> f64) -> Folded {
         if needs.sum {
-            self.fold::<true>(values)
+            self.fold::<true>(len, value_at)
         } else {
-            self.fold::<false>(values)
+            self.fold::<false>(len, value_at)
         }
     }
 }
@@ -556,12 +556,11 @@ impl Stat {
     /// calling `add_at` on each would do (the same window closes, the same
     /// `max_samples` drops, the same sums, since they are folded in order),
     /// with one lock acquisition and one publish per accumulator.
-    pub fn add_many_at<I>(&self, values: I, now_ms: i64) -> Closed
-    where
-        I: ExactSizeIterator<Item = f64> + Clone,
-    {
+    /// `value_at(i)` for `i` in `0..len` gives the values; it is called more
+    /// than once per index.
+    pub fn add_many_at(&self, len: usize, value_at: impl Fn(usize) -> f64, now_ms: i64) -> Closed {
         let mut closed = Closed::default();
-        if values.len() == 0 {
+        if len == 0 {
             return closed;
         }
         let mut locked = self.locked.lock();
@@ -575,12 +574,12 @@ impl Stat {
             return closed;
         }
         let room = self.max_samples.saturating_sub(self.count());
-        let take = (values.len() as u64).min(room);
+        let take = (len as u64).min(room);
         let claimed = self.head.fetch_add(take, Ordering::AcqRel);
         let phase = &self.phases[phase_of(claimed)];
         // Lock-free writers may have claimed slots since `count()`.
         let accepted = take.min(self.max_samples.saturating_sub(slot_index(claimed)));
-        phase.fold_many(self.needs, values.take(accepted as usize));
+        phase.fold_many(self.needs, accepted as usize, &value_at);
         phase.finished.fetch_add(take, Ordering::Release);
         // Step 4 for the value that filled the window; the values after it
         // fall into a closed window and are dropped, as in the loop.
@@ -922,7 +921,7 @@ mod tests {
             for step in 0..8 {
                 now += [0, 1, 5, 10, 25][(rng.next() % 5) as usize];
                 let values: Vec<f64> = (0..rng.next() % 9).map(|_| rng.sample()).collect();
-                let from_batch = windows(batched.add_many_at(values.iter().copied(), now));
+                let from_batch = windows(batched.add_many_at(values.len(), |i| values[i], now));
                 let from_loop: Vec<WindowStats> = values
                     .iter()
                     .flat_map(|&v| windows(looped.add_at(v, now)))
@@ -1022,7 +1021,7 @@ mod tests {
             black_box_closed(unbounded.add_at_serialized(v, now));
             black_box_closed(bounded.add_at_serialized(v, now));
             if i % 100 == 0 {
-                black_box_closed(bounded.add_many_at(batch.iter().copied(), now));
+                black_box_closed(bounded.add_many_at(batch.len(), |i| batch[i], now));
                 std::hint::black_box(unbounded.last_closed());
                 std::hint::black_box(unbounded.count());
             }
