@@ -30,7 +30,7 @@ pub const COARSE_CLOCK_MIN_WINDOW_MS: i64 = 1000;
 
 /// What a Stat with windows of `window_ms` reads: the override when set,
 /// else the coarse clock for long windows and the fine one for short ones.
-#[inline]
+#[inline(always)]
 pub fn now_ms_for_window(window_ms: i64) -> i64 {
     let overridden = OVERRIDE_MS.load(Ordering::Relaxed);
     if overridden != REAL_CLOCK {
@@ -65,7 +65,7 @@ pub fn monotonic_ms() -> i64 {
 /// without touching the clocksource. It lags `monotonic_ms` by less than one
 /// tick (`coarse_resolution_ns`) as long as ticks come on time (a loaded VM
 /// can delay one by a few ms), and is never ahead of it.
-#[inline]
+#[inline(always)]
 pub fn monotonic_coarse_ms() -> i64 {
     let mut ts = libc::timespec {
         tv_sec: 0,

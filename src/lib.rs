@@ -12,6 +12,7 @@ mod py_aggregation;
 mod py_clock;
 mod py_convert;
 mod py_event;
+mod py_fast;
 mod py_gil_cell;
 mod py_registry;
 mod py_stat;
@@ -28,8 +29,7 @@ mod _core {
     use crate::py_event::{DataValueT, Event};
     #[pymodule_export]
     use crate::py_registry::{
-        _handler_count, EventHandlerHandle, log_event, register_event_handler,
-        unregister_event_handler,
+        _handler_count, EventHandlerHandle, register_event_handler, unregister_event_handler,
     };
     #[pymodule_export]
     use crate::py_stat::{_flush_all_stats, _live_stat_count, Stat};
@@ -39,6 +39,7 @@ mod _core {
     #[pymodule_init]
     fn init(m: &Bound<'_, PyModule>) -> PyResult<()> {
         m.add("STAT_EVENT", crate::py_stat::STAT_EVENT)?;
+        crate::py_fast::install(m)?;
         Ok(())
     }
 }

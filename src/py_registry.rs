@@ -151,9 +151,14 @@ pub fn unregister_event_handler(handle: &Bound<'_, PyAny>) -> PyResult<()> {
     Ok(())
 }
 
-/// Calls every registered handler with `event`, in registration order.
-#[pyfunction]
-pub fn log_event(event: &Bound<'_, PyAny>) -> PyResult<()> {
+/// Whether any handler is registered (one atomic load).
+#[inline]
+pub fn has_handlers() -> bool {
+    !HANDLERS.is_empty()
+}
+
+/// `log_event(event)`'s body; its entry point is `py_fast::log_event`.
+pub fn log_event_checked(event: &Bound<'_, PyAny>) -> PyResult<()> {
     if event.cast::<Event>().is_err() {
         return Err(PyTypeError::new_err(format!(
             "log_event(event): event must be a torchmon.Event, not {}",

@@ -108,6 +108,37 @@ pub struct Stat {
     live_id: u64,
 }
 
+impl Stat {
+    /// `Stat.add(v)`'s body; its entry point is `py_fast::stat_add`.
+    pub(crate) fn add_value(&self, py: Python<'_>, v: &Bound<'_, PyAny>) -> PyResult<()> {
+        let value = sample(v)?;
+        let closed = self.record(value);
+        self.emit_closed(py, &closed)
+    }
+
+    /// Adds one sample to the core; returns the windows it closed.
+    #[inline]
+    pub(crate) fn record(&self, value: f64) -> Closed {
+        // On GIL builds the GIL serialises every call on every Stat (no
+        // binding releases it while touching one), which is the guarantee
+        // `add_serialized` asks for; free-threaded builds take the lock-free
+        // path.
+        #[cfg(not(Py_GIL_DISABLED))]
+        let closed = self.shared.core.add_serialized(value);
+        #[cfg(Py_GIL_DISABLED)]
+        let closed = self.shared.core.add(value);
+        closed
+    }
+
+    /// Emits the windows an add closed, as `torch.monitor.Stat` events.
+    pub(crate) fn emit_closed(&self, py: Python<'_>, closed: &Closed) -> PyResult<()> {
+        if closed.is_empty() {
+            return Ok(());
+        }
+        self.shared.emit(py, closed)
+    }
+}
+
 /// Whole milliseconds of a window size, validated (type phase).
 enum WindowArg {
     Millis(i128),
@@ -289,24 +320,6 @@ impl Stat {
         let live_id = NEXT_LIVE_ID.fetch_add(1, Ordering::Relaxed);
         LIVE.lock().insert(live_id, Arc::downgrade(&shared));
         Ok(Stat { shared, live_id })
-    }
-
-    /// Adds one sample to the current window.
-    #[pyo3(signature = (v))]
-    fn add(&self, py: Python<'_>, v: &Bound<'_, PyAny>) -> PyResult<()> {
-        let value = sample(v)?;
-        // On GIL builds the GIL serialises every call on every Stat (no
-        // binding releases it while touching one), which is the guarantee
-        // `add_serialized` asks for; free-threaded builds take the lock-free
-        // path.
-        #[cfg(not(Py_GIL_DISABLED))]
-        let closed = self.shared.core.add_serialized(value);
-        #[cfg(Py_GIL_DISABLED)]
-        let closed = self.shared.core.add(value);
-        if closed.is_empty() {
-            return Ok(());
-        }
-        self.shared.emit(py, &closed)
     }
 
     /// Adds every value of `values` in order, at one instant: the same
