@@ -1,0 +1,362 @@
+"""JSON-lines sink: one JSON object per event per line, and its reader.
+
+Each line is one event::
+
+    {"name":"torch.monitor.Stat","timestamp":"2024-05-06T12:13:14.000015","data":{"loss.mean":0.5}}
+
+- ``name``: the event name (a JSON string).
+- ``timestamp``: ``datetime.isoformat()`` of the event's timestamp: with its
+  UTC offset (``+05:30``) when the datetime is tz-aware, without one when it is
+  naive (torchmon's Stat events carry naive local time, as ``datetime.now()``).
+  A naive timestamp in the repeated hour at the end of daylight saving time
+  has ``"fold":1`` beside it (``datetime.fold``); the key is absent otherwise.
+- ``data``: the event data. ``str``, ``bool`` and ``int`` values are JSON
+  strings, ``true``/``false`` and integers; a finite ``float`` is a JSON number
+  that always has a fraction or an exponent (``1.0``, ``1e+300``, ``-0.0``),
+  so it reads back as a float, never as an int. NaN and the infinities, which
+  JSON cannot express, are the objects ``{"$float":"nan"}``,
+  ``{"$float":"inf"}`` and ``{"$float":"-inf"}`` (a data value is never an
+  object otherwise, so the encoding is unambiguous). Every line is valid JSON
+  (RFC 8259).
+
+The file is UTF-8, lines end with ``"\\n"``. Non-ASCII characters are
+written as is, except that control characters and U+0085, U+2028 and U+2029
+are ``\\uXXXX`` escapes, so that no line holds anything that a line reader
+(``str.splitlines()`` included) takes for a line break.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+import threading
+from collections.abc import Iterator
+from datetime import datetime, timedelta, timezone
+from types import TracebackType
+from typing import Any, BinaryIO
+
+from .._core import Event
+
+__all__ = ["FLOAT_TAG", "JsonlEventHandler", "read_jsonl"]
+
+#: The key of the object that encodes a non-finite float (``{"$float": "nan"}``).
+FLOAT_TAG = "$float"
+
+# What str.splitlines() breaks at besides the control characters json escapes.
+_SPLITLINES_BREAKS = re.compile("[\x85\u2028\u2029]")
+
+# The UTC offset at the end of an isoformat() string: +HH:MM[:SS[.ffffff]].
+_ISO_OFFSET = re.compile(r"([+-])(\d\d):(\d\d)(?::(\d\d)(?:\.(\d{6}))?)?\Z")
+
+_NON_FINITE_TEXT = {"nan": math.nan, "inf": math.inf, "-inf": -math.inf}
+
+
+def _path_arg(path: object, where: str) -> str:
+    if not isinstance(path, (str, os.PathLike)):
+        raise TypeError(f"{where}: must be a str or os.PathLike path, not {type(path).__name__}")
+    text = os.fspath(path)
+    if not isinstance(text, str):
+        raise TypeError(f"{where}: must be a str path, not {type(text).__name__}")
+    if not text:
+        raise ValueError(f"{where}: must not be empty")
+    return text
+
+
+def _encode_value(value: object) -> object:
+    if isinstance(value, float) and not math.isfinite(value):
+        if math.isnan(value):
+            return {FLOAT_TAG: "nan"}
+        return {FLOAT_TAG: "inf" if value > 0 else "-inf"}
+    return value
+
+
+def _encode_event(event: Event) -> bytes:
+    """One event as its JSON line (UTF-8, ending in ``b"\\n"``)."""
+    timestamp = event.timestamp
+    # datetime's own isoformat, not a subclass's (pandas.Timestamp adds nanoseconds).
+    stamp = datetime.isoformat(timestamp)
+    record: dict[str, Any] = {"name": event.name, "timestamp": stamp}
+    if timestamp.fold and timestamp.utcoffset() is None:
+        record["fold"] = 1
+    record["data"] = {key: _encode_value(value) for key, value in event.data.items()}
+    line = json.dumps(record, ensure_ascii=False, allow_nan=False, separators=(",", ":"))
+    # Outside strings JSON has none of these, so escaping them is exact.
+    if _SPLITLINES_BREAKS.search(line):
+        line = _SPLITLINES_BREAKS.sub(lambda m: f"\\u{ord(m.group()):04x}", line)
+    # No lone surrogates to worry about: torchmon's strings never hold one.
+    return line.encode("utf-8") + b"\n"
+
+
+class JsonlEventHandler:
+    """An event handler appending each event as one JSON line to ``path``.
+
+    ``register_event_handler(JsonlEventHandler("events.jsonl"))``; see this
+    module's documentation (or docs/sinks.md) for the line format, and
+    :func:`read_jsonl` to read the file back.
+
+    - The file is opened in append mode when the handler is created (its
+      directory must exist), so earlier lines are kept.
+    - Every event is written with one ``write`` call on an unbuffered file:
+      another process tailing the file sees whole lines as soon as the
+      handler returns (the data reaches the OS, it is not ``fsync``-ed).
+    - ``max_bytes``: when set, no file grows beyond that many bytes (unless a
+      single line is longer, which then gets a file of its own): before a
+      line that would not fit, the file is rotated like
+      ``logging.handlers.RotatingFileHandler`` does, ``path`` -> ``path.1``
+      -> ``path.2`` ... up to ``path.<backup_count>``, the oldest dropped.
+      With ``backup_count=0`` the file is emptied instead. The size is counted
+      by this handler, so rotation assumes it is the only writer of ``path``.
+    - Thread-safe: concurrent events are written whole, one line each.
+    - ``close()`` (or leaving a ``with`` block) closes the file; an event
+      handed to a closed handler raises ``ValueError``. Unregister the
+      handler before closing it.
+    """
+
+    __slots__ = ("_backup_count", "_file", "_lock", "_max_bytes", "_path", "_size")
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        max_bytes: int | None = None,
+        backup_count: int = 5,
+    ) -> None:
+        self._path = _path_arg(path, "JsonlEventHandler(path)")
+        if max_bytes is not None:
+            if isinstance(max_bytes, bool) or not isinstance(max_bytes, int):
+                raise TypeError(
+                    "JsonlEventHandler(max_bytes): must be an int or None, "
+                    f"not {type(max_bytes).__name__}"
+                )
+            if max_bytes <= 0:
+                raise ValueError(f"JsonlEventHandler(max_bytes): must be > 0, got {max_bytes}")
+        if isinstance(backup_count, bool) or not isinstance(backup_count, int):
+            raise TypeError(
+                "JsonlEventHandler(backup_count): must be an int, "
+                f"not {type(backup_count).__name__}"
+            )
+        if backup_count < 0:
+            raise ValueError(f"JsonlEventHandler(backup_count): must be >= 0, got {backup_count}")
+        self._max_bytes = max_bytes
+        self._backup_count = backup_count
+        self._lock = threading.Lock()
+        self._file: BinaryIO | None = self._open()
+        self._size = os.fstat(self._file.fileno()).st_size
+
+    @property
+    def path(self) -> str:
+        """The path of the file being written."""
+        return self._path
+
+    @property
+    def closed(self) -> bool:
+        """Whether :meth:`close` was called."""
+        return self._file is None
+
+    def _open(self) -> BinaryIO:
+        return open(self._path, "ab", buffering=0)
+
+    def __call__(self, event: Event) -> None:
+        line = _encode_event(event)
+        with self._lock:
+            file = self._file
+            if file is None:
+                raise ValueError(f"JsonlEventHandler({self._path!r}) is closed")
+            if (
+                self._max_bytes is not None
+                and self._size > 0
+                and self._size + len(line) > self._max_bytes
+            ):
+                file = self._rotate(file)
+            view = memoryview(line)
+            while view:  # one write for a regular file; a short write is finished
+                view = view[file.write(view) :]
+            self._size += len(line)
+
+    def _rotate(self, file: BinaryIO) -> BinaryIO:
+        """Called with the lock held; returns the new (empty) file."""
+        if self._backup_count == 0:
+            file.truncate(0)
+            self._size = 0
+            return file
+        file.close()
+        self._file = None
+        try:
+            for i in range(self._backup_count - 1, 0, -1):
+                source = f"{self._path}.{i}"
+                if os.path.exists(source):
+                    os.replace(source, f"{self._path}.{i + 1}")
+            if os.path.exists(self._path):
+                os.replace(self._path, f"{self._path}.1")
+        finally:
+            # Even when a rename failed, keep writing (to the file still at path).
+            file = self._open()
+            self._file = file
+            self._size = os.fstat(file.fileno()).st_size
+        return file
+
+    def close(self) -> None:
+        """Closes the file (a second call does nothing)."""
+        with self._lock:
+            file, self._file = self._file, None
+        if file is not None:
+            file.close()
+
+    def __enter__(self) -> JsonlEventHandler:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        extra = ""
+        if self._max_bytes is not None:
+            extra = f", max_bytes={self._max_bytes}, backup_count={self._backup_count}"
+        state = ", closed" if self._file is None else ""
+        return f"JsonlEventHandler({self._path!r}{extra}){state}"
+
+
+# --- reading ------------------------------------------------------------------
+
+
+class _LineError(ValueError):
+    pass
+
+
+def _check_str(value: object, what: str) -> str:
+    if not isinstance(value, str):
+        raise _LineError(f"{what} must be a JSON string, not {_json_kind(value)}")
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise _LineError(f"{what} holds a lone surrogate ({value!r})") from None
+    return value
+
+
+def _json_kind(value: object) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, (int, float)):
+        return "a number"
+    if isinstance(value, str):
+        return "a string"
+    if isinstance(value, list):
+        return "an array"
+    return "an object"
+
+
+def _decode_value(key: str, value: object) -> str | int | float | bool:
+    if isinstance(value, (bool, int, float)):
+        return value
+    if isinstance(value, str):
+        return _check_str(value, f"data[{key!r}]")
+    if isinstance(value, dict) and len(value) == 1 and FLOAT_TAG in value:
+        text = value[FLOAT_TAG]
+        if isinstance(text, str) and text in _NON_FINITE_TEXT:
+            return _NON_FINITE_TEXT[text]
+        raise _LineError(
+            f'data[{key!r}]: {{"{FLOAT_TAG}": ...}} must be "nan", "inf" or "-inf", not {text!r}'
+        )
+    raise _LineError(
+        f"data[{key!r}] must be a string, number, boolean or "
+        f'{{"{FLOAT_TAG}": ...}}, not {_json_kind(value)}'
+    )
+
+
+def _exact_offset(timestamp: datetime, stamp: str) -> datetime:
+    """CPython's fromisoformat (3.11 at least) reads an offset of under a
+    second, ``+00:00:00.000001``, as UTC; this reads the offset itself."""
+    match = _ISO_OFFSET.search(stamp)
+    if match is None:
+        return timestamp
+    sign, hours, minutes, seconds, micros = match.groups()
+    offset = timedelta(
+        hours=int(hours),
+        minutes=int(minutes),
+        seconds=int(seconds or 0),
+        microseconds=int(micros or 0),
+    )
+    if sign == "-":
+        offset = -offset
+    if offset == timestamp.utcoffset() or not -timedelta(days=1) < offset < timedelta(days=1):
+        return timestamp
+    return timestamp.replace(tzinfo=timezone(offset))
+
+
+def _decode_line(line: str) -> Event:
+    """The event of one JSON line (``ValueError`` saying what is wrong)."""
+    try:
+        record = json.loads(line)
+    except json.JSONDecodeError as exc:
+        raise _LineError(f"not valid JSON: {exc}") from None
+    if not isinstance(record, dict):
+        raise _LineError(f"must be a JSON object, not {_json_kind(record)}")
+    for field in ("name", "timestamp", "data"):
+        if field not in record:
+            raise _LineError(f"missing {field!r}")
+    name = _check_str(record["name"], "name")
+    stamp = _check_str(record["timestamp"], "timestamp")
+    try:
+        timestamp = datetime.fromisoformat(stamp)
+    except ValueError:
+        raise _LineError(f"timestamp {stamp!r} is not an ISO-8601 date and time") from None
+    if timestamp.tzinfo is not None:
+        timestamp = _exact_offset(timestamp, stamp)
+    fold = record.get("fold", 0)
+    if fold not in (0, 1) or isinstance(fold, (bool, float)):
+        raise _LineError(f"fold must be 0 or 1, not {fold!r}")
+    if fold:
+        timestamp = timestamp.replace(fold=1)
+    raw = record["data"]
+    if not isinstance(raw, dict):
+        raise _LineError(f"data must be a JSON object, not {_json_kind(raw)}")
+    # Annotated as Event's parameter: Mapping's key type is invariant.
+    data: dict[str | bytes | bytearray, str | int | float | bool | bytes | bytearray] = {
+        _check_str(key, "a data key"): _decode_value(key, value) for key, value in raw.items()
+    }
+    try:
+        return Event(name, timestamp, data)
+    except (TypeError, ValueError, RuntimeError, OverflowError) as exc:
+        raise _LineError(f"not a valid event: {exc}") from None
+
+
+def read_jsonl(path: str | os.PathLike[str]) -> Iterator[Event]:
+    """Yields the events of a file written by :class:`JsonlEventHandler`, in order.
+
+    Each event equals the one written: same name, an equal timestamp (with
+    the same UTC offset when it had one; a tz-aware timestamp comes back with
+    a fixed-offset ``datetime.timezone``), and the same data, value types
+    included. Blank lines are skipped. A line that is not a valid event
+    raises ``ValueError`` naming the file and the line number
+    (``"events.jsonl:3: ..."``). The non-standard ``NaN``/``Infinity``
+    literals of Python's ``json`` module are read as floats too.
+
+    To read a rotated set oldest first, chain the files:
+    ``itertools.chain(read_jsonl("e.jsonl.2"), read_jsonl("e.jsonl.1"), read_jsonl("e.jsonl"))``.
+    """
+    return _read(_path_arg(path, "read_jsonl(path)"))
+
+
+def _read(path: str) -> Iterator[Event]:
+    with open(path, "rb") as file:
+        for lineno, raw in enumerate(file, 1):
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as exc:
+                raise ValueError(f"{path}:{lineno}: not UTF-8: {exc}") from None
+            if not line.strip(" \t\r\n"):
+                continue
+            try:
+                event = _decode_line(line)
+            except _LineError as exc:
+                raise ValueError(f"{path}:{lineno}: {exc}") from None
+            yield event

@@ -1,0 +1,263 @@
+"""OpenTelemetryEventHandler against the real opentelemetry-sdk: Stat windows
+driven through the registry, read back with the SDK's InMemoryMetricReader."""
+
+from __future__ import annotations
+
+import gc
+import math
+import subprocess
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from datetime import datetime
+from typing import Any
+
+import pytest
+
+import torchmon
+from torchmon import Aggregation, Event, OpenTelemetryEventHandler, Stat
+from torchmon.handlers.otel import otel_instrument_name
+from torchmon.testing import ManualClock
+
+pytest.importorskip("opentelemetry.sdk.metrics")
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+
+# metric name -> [(attributes, value)]
+Points = dict[str, list[tuple[dict[str, Any], float]]]
+
+
+@contextmanager
+def registered(handler: Any) -> Iterator[None]:
+    handle = torchmon.register_event_handler(handler)
+    try:
+        yield
+    finally:
+        torchmon.unregister_event_handler(handle)
+
+
+@contextmanager
+def sdk() -> Iterator[tuple[MeterProvider, InMemoryMetricReader]]:
+    reader = InMemoryMetricReader()
+    provider = MeterProvider(metric_readers=[reader], shutdown_on_exit=False)
+    try:
+        yield provider, reader
+    finally:
+        provider.shutdown()
+
+
+def collect(reader: InMemoryMetricReader, scope: str = "torchmon") -> Points:
+    data = reader.get_metrics_data()
+    points: Points = {}
+    if data is None:
+        return points
+    for rm in data.resource_metrics:
+        for sm in rm.scope_metrics:
+            if sm.scope.name != scope:
+                continue
+            for metric in sm.metrics:
+                assert type(metric.data).__name__ == "Gauge", metric
+                points[metric.name] = [
+                    (dict(dp.attributes or {}), dp.value) for dp in metric.data.data_points
+                ]
+    return points
+
+
+def window(stat: Stat, clock: ManualClock, *values: float) -> None:
+    for v in values:
+        stat.add(v)
+    clock.advance(1000)
+
+
+def test_stat_windows_recorded_as_gauges() -> None:
+    attributes = {"rank": 0, "job": "pretrain", "node": "n1"}
+    with sdk() as (provider, reader):
+        sink = OpenTelemetryEventHandler(meter_provider=provider, attributes=attributes)
+        with registered(sink), ManualClock(0) as clock:
+            loss = Stat("train.loss", [Aggregation.MEAN, Aggregation.MAX, Aggregation.COUNT], 1.0)
+            assert collect(reader) == {}
+            window(loss, clock, 1.0, 2.0, 6.0)
+            loss.add(0.5)  # closes the first window
+            assert collect(reader) == {
+                "train.loss.mean": [(attributes, 3.0)],
+                "train.loss.max": [(attributes, 6.0)],
+                "train.loss.count": [(attributes, 3.0)],
+            }
+            clock.advance(1000)
+            loss.add(0.25)  # closes the second: the gauges show the last window
+            got = collect(reader)
+            assert got["train.loss.mean"] == [(attributes, 0.5)]
+            assert got["train.loss.count"] == [(attributes, 1.0)]
+            del loss  # the destruction flush emits the third
+            gc.collect()
+            assert collect(reader)["train.loss.max"] == [(attributes, 0.25)]
+        data = reader.get_metrics_data()
+        assert data is not None
+        (scope_metrics,) = data.resource_metrics[0].scope_metrics
+        assert scope_metrics.scope.name == "torchmon"
+        assert scope_metrics.scope.version == torchmon.__version__
+        descriptions = {m.name: m.description for m in scope_metrics.metrics}
+        assert descriptions["train.loss.mean"] == (
+            "torchmon Stat 'train.loss', mean over the last closed window"
+        )
+
+
+def test_meter_name_and_no_attributes() -> None:
+    with sdk() as (provider, reader):
+        sink = OpenTelemetryEventHandler(meter_provider=provider, meter_name="my.trainer")
+        with registered(sink):
+            torchmon.log_event(Event(torchmon.STAT_EVENT, datetime.now(), {"x.sum": 2.5}))
+        assert collect(reader, scope="my.trainer") == {"x.sum": [({}, 2.5)]}
+        assert collect(reader) == {}
+
+
+def test_two_ranks_one_provider() -> None:
+    """Handlers with different attributes share the instruments: one series each."""
+    with sdk() as (provider, reader):
+        sinks = [
+            OpenTelemetryEventHandler(meter_provider=provider, attributes={"rank": r})
+            for r in (0, 1)
+        ]
+        for r, sink in enumerate(sinks):
+            sink(Event(torchmon.STAT_EVENT, datetime.now(), {"loss.mean": 1.0 + r}))
+        got = collect(reader)
+    assert sorted(got["loss.mean"], key=lambda p: p[0]["rank"]) == [
+        ({"rank": 0}, 1.0),
+        ({"rank": 1}, 2.0),
+    ]
+
+
+def test_instrument_name_rules() -> None:
+    assert otel_instrument_name("train.loss.mean") == "train.loss.mean"
+    assert otel_instrument_name("a-b/c_d.max") == "a-b/c_d.max"
+    assert otel_instrument_name("a b:c.sum") == "a_b_c.sum"
+    assert otel_instrument_name("0loss.mean") == "torchmon.0loss.mean"
+    assert otel_instrument_name("_x.min") == "torchmon._x.min"
+    assert otel_instrument_name("éa.min") == "torchmon._a.min"
+    assert otel_instrument_name("") == "torchmon."
+    assert otel_instrument_name("a" * 300) == "a" * 255
+
+
+def test_unusual_names_reach_the_sdk() -> None:
+    """Names the SDK would reject as they are get sanitised and are recorded."""
+    keys = ["0 grad:norm.mean", "é.sum", "x" * 300 + ".max"]
+    with sdk() as (provider, reader):
+        sink = OpenTelemetryEventHandler(meter_provider=provider)
+        sink(Event(torchmon.STAT_EVENT, datetime.now(), {k: 1.0 for k in keys}))
+        got = collect(reader)
+    assert got == {otel_instrument_name(k): [({}, 1.0)] for k in keys}
+    assert "torchmon.0_grad_norm.mean" in got
+
+
+def test_non_finite_values_are_skipped(caplog: pytest.LogCaptureFixture) -> None:
+    """OpenTelemetry gauges take no NaN or infinity: the handler skips them
+    (the SDK would log a warning per value), and a gauge keeps its last value."""
+    with sdk() as (provider, reader):
+        sink = OpenTelemetryEventHandler(meter_provider=provider)
+        with registered(sink), ManualClock(0) as clock:
+            s = Stat("x", [Aggregation.SUM, Aggregation.MAX, Aggregation.MIN], 1.0)
+            window(s, clock, 1.0, 2.0)
+            window(s, clock, math.inf, -math.inf)  # closes window 1
+            s.add(0.0)  # closes window 2: sum NaN, max inf, min -inf
+            got = collect(reader)
+            del s
+            gc.collect()
+            last = collect(reader)
+    assert got == {"x.sum": [({}, 3.0)], "x.max": [({}, 2.0)], "x.min": [({}, 1.0)]}
+    assert last == {"x.sum": [({}, 0.0)], "x.max": [({}, 0.0)], "x.min": [({}, 0.0)]}
+    assert not [r for r in caplog.records if r.name.startswith("opentelemetry")]
+
+
+def test_other_events_and_non_numbers_are_ignored() -> None:
+    with sdk() as (provider, reader):
+        sink = OpenTelemetryEventHandler(meter_provider=provider)
+        with registered(sink):
+            torchmon.log_event(Event("train.epoch_end", datetime.now(), {"loss": 0.5}))
+            torchmon.log_event(
+                Event(torchmon.STAT_EVENT, datetime.now(), {"a.sum": 2, "s": "t", "b": False})
+            )
+        assert collect(reader) == {"a.sum": [({}, 2)]}
+
+
+def test_case_insensitive_names() -> None:
+    """The SDK exports names lower-cased; keys that differ only in case clash."""
+    with sdk() as (provider, reader):
+        sink = OpenTelemetryEventHandler(meter_provider=provider)
+        event = Event(torchmon.STAT_EVENT, datetime.now(), {"Loss.sum": 1.0, "loss.sum": 2.0})
+        with pytest.raises(ValueError, match=r"'Loss\.sum' and 'loss\.sum' both map"):
+            sink(event)
+        assert collect(reader) == {"loss.sum": [({}, 1.0)]}
+        sink(Event(torchmon.STAT_EVENT, datetime.now(), {"Loss.sum": 5.0, "LR.max": 0.1}))
+        assert collect(reader) == {"loss.sum": [({}, 5.0)], "lr.max": [({}, 0.1)]}
+
+
+def test_global_meter_provider_by_default() -> None:
+    """meter_provider=None records through the global provider, set even after
+    the handler was created (in a subprocess: the global is set-once)."""
+    code = (
+        "import datetime, torchmon\n"
+        "from opentelemetry import metrics\n"
+        "from opentelemetry.sdk.metrics import MeterProvider\n"
+        "from opentelemetry.sdk.metrics.export import InMemoryMetricReader\n"
+        "sink = torchmon.OpenTelemetryEventHandler(attributes={'rank': 2})\n"
+        "reader = InMemoryMetricReader()\n"
+        "metrics.set_meter_provider(MeterProvider(metric_readers=[reader]))\n"
+        "h = torchmon.register_event_handler(sink)\n"
+        "s = torchmon.Stat('loss', [torchmon.MAX], 3600.0, 2)\n"
+        "s.add(1.0); s.add(4.0)\n"
+        "torchmon.unregister_event_handler(h)\n"
+        "(sm,) = reader.get_metrics_data().resource_metrics[0].scope_metrics\n"
+        "(m,) = sm.metrics\n"
+        "(p,) = m.data.data_points\n"
+        "print(sm.scope.name, m.name, dict(p.attributes), p.value)\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-W", "error", "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "torchmon loss.max {'rank': 2} 4.0"
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "argument"),
+    [
+        ({"meter_provider": object()}, TypeError, "meter_provider"),
+        ({"meter_name": 1}, TypeError, "meter_name"),
+        ({"meter_name": ""}, ValueError, "meter_name"),
+        ({"attributes": [("rank", 0)]}, TypeError, "attributes"),
+        ({"attributes": {1: 0}}, TypeError, "attributes"),
+        ({"attributes": {"": 0}}, ValueError, "attributes"),
+        ({"attributes": {"rank": None}}, TypeError, "attributes"),
+        ({"attributes": {"rank": [0]}}, TypeError, "attributes"),
+    ],
+)
+def test_bad_arguments(kwargs: dict[str, Any], error: type[Exception], argument: str) -> None:
+    with pytest.raises(error, match=rf"OpenTelemetryEventHandler\({argument}\)"):
+        OpenTelemetryEventHandler(**kwargs)
+
+
+def test_keyword_only() -> None:
+    with sdk() as (provider, _):
+        with pytest.raises(TypeError):
+            OpenTelemetryEventHandler(provider)  # type: ignore[misc]
+
+
+def test_missing_opentelemetry_names_the_extra() -> None:
+    code = (
+        "import sys\n"
+        "sys.modules['opentelemetry'] = None  # as if not installed\n"
+        "import torchmon\n"
+        "try:\n"
+        "    torchmon.OpenTelemetryEventHandler()\n"
+        "except ImportError as exc:\n"
+        "    print(exc)\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=False
+    )
+    assert result.returncode == 0, result.stderr
+    assert "pip install 'torchmon[otel]'" in result.stdout
