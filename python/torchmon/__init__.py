@@ -21,7 +21,10 @@ from ._core import (
     register_event_handler,
     unregister_event_handler,
 )
-from ._wait_counter import _WaitCounter, _WaitCounterTracker
+from ._wait_counter import WaitCounter, _WaitCounter, _WaitCounterTracker
+from .handlers.jsonl import JsonlEventHandler, read_jsonl
+from .handlers.otel import OpenTelemetryEventHandler
+from .handlers.prometheus import PrometheusEventHandler
 from .handlers.tensorboard import TensorboardEventHandler
 
 # torch.monitor exports the members at module level too.
@@ -45,12 +48,17 @@ __all__ = [
     "Aggregation",
     "Event",
     "EventHandlerHandle",
+    "JsonlEventHandler",
+    "OpenTelemetryEventHandler",
+    "PrometheusEventHandler",
     "Stat",
     "TensorboardEventHandler",
+    "WaitCounter",
     "_WaitCounter",
     "_WaitCounterTracker",
     "data_value_t",
     "log_event",
+    "read_jsonl",
     "register_event_handler",
     "unregister_event_handler",
 ]

@@ -1,41 +1,135 @@
-"""torch.monitor's ``_WaitCounter``: times guarded blocks into a Stat."""
+"""Wait counters: time guarded blocks into a Stat.
+
+``WaitCounter(key, window_size)`` is torchmon's public counter;
+``_WaitCounter(key)`` is torch.monitor's (a 60-second window), built on it.
+Both record each guarded duration, in microseconds, into the process-wide
+Stat named ``key`` (aggregations COUNT, SUM and MAX), so every closed window
+reaches the registered handlers as a ``torch.monitor.Stat`` event with the
+keys ``<key>.count``, ``<key>.sum`` and ``<key>.max``.
+"""
 
 from __future__ import annotations
 
+import functools
+import inspect
+import math
 import threading
 import time
+from collections.abc import Callable
 from datetime import timedelta
 from types import TracebackType
+from typing import Any, TypeVar, Union, cast
 
 from ._core import Aggregation, Stat
 
-_WINDOW = timedelta(seconds=60)
-_counters: dict[str, Stat] = {}
+__all__ = ["WaitCounter", "_WaitCounter", "_WaitCounterTracker"]
+
+_DEFAULT_WINDOW = timedelta(seconds=60)
+_AGGREGATIONS = (Aggregation.COUNT, Aggregation.SUM, Aggregation.MAX)
+_MS = timedelta(milliseconds=1)
+
+# One Stat per key for the whole process, as torch's counters are global:
+# key -> (window in ms, Stat). Kept (only _discard_counter removes one), so a
+# counter's windows outlive its WaitCounter objects (the open one is emitted
+# at interpreter exit).
+_counters: dict[str, tuple[int, Stat]] = {}
 _counters_lock = threading.Lock()
 
+_F = TypeVar("_F", bound=Callable[..., Any])
+_Text = Union[str, bytes, bytearray]
 
-def _stat_for(key: str) -> Stat:
-    # One Stat per key for the whole process, as torch's counters are global.
+
+def _key_text(key: object, owner: str) -> str:
+    if isinstance(key, (bytes, bytearray)):
+        try:
+            return bytes(key).decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise ValueError(f"{owner}(key): key is not valid UTF-8: {exc}") from None
+    if not isinstance(key, str):
+        raise TypeError(f"{owner}(key): key must be a str, not {type(key).__name__}")
+    try:
+        key.encode("utf-8")
+    except UnicodeEncodeError:
+        raise TypeError(f"{owner}(key): key contains a lone surrogate") from None
+    return key
+
+
+def _window_ms(window_size: object, owner: str) -> int:
+    """``window_size`` (a timedelta or a number of seconds) in whole milliseconds."""
+    if isinstance(window_size, timedelta):
+        ms = window_size // _MS
+    elif isinstance(window_size, (int, float)) and not isinstance(window_size, bool):
+        if isinstance(window_size, float) and not math.isfinite(window_size):
+            raise ValueError(f"{owner}(window_size): must be finite, got {window_size!r}")
+        try:
+            # Through timedelta (whole microseconds), so 4.35 s is 4350 ms, not 4349.
+            ms = timedelta(seconds=window_size) // _MS
+        except OverflowError:
+            raise ValueError(f"{owner}(window_size): too large, got {window_size!r} s") from None
+    else:
+        raise TypeError(
+            f"{owner}(window_size): must be a datetime.timedelta or a number of seconds, "
+            f"not {type(window_size).__name__}"
+        )
+    if ms < 1:
+        raise ValueError(
+            f"{owner}(window_size): must be at least 1 millisecond, got {window_size!r}"
+        )
+    return int(ms)
+
+
+def _stat_for(key: str, window_ms: int | None, owner: str) -> tuple[int, Stat]:
+    """The process-wide Stat of ``key`` and its window, created on first use.
+
+    ``window_ms=None`` (torch's ``_WaitCounter``) takes the existing Stat
+    whatever its window, or creates one with a 60-second window.
+    """
     with _counters_lock:
-        stat = _counters.get(key)
-        if stat is None:
-            stat = Stat(key, [Aggregation.COUNT, Aggregation.SUM, Aggregation.MAX], _WINDOW)
-            _counters[key] = stat
-        return stat
+        entry = _counters.get(key)
+        if entry is None:
+            ms = _DEFAULT_WINDOW // _MS if window_ms is None else window_ms
+            entry = (ms, Stat(key, list(_AGGREGATIONS), timedelta(milliseconds=ms)))
+            _counters[key] = entry
+            return entry
+    existing_ms = entry[0]
+    if window_ms is not None and existing_ms != window_ms:
+        raise ValueError(
+            f"{owner}(window_size): the counter {key!r} already exists with a window of "
+            f"{timedelta(milliseconds=existing_ms)}, not {timedelta(milliseconds=window_ms)} "
+            "(a key names one process-wide Stat)"
+        )
+    return entry
+
+
+def _discard_counter(key: str) -> None:
+    """Forgets the process-wide Stat of ``key`` (for owners of a key, such as
+    ``torchmon demo``): once no WaitCounter or guard refers to it any more,
+    the Stat is destroyed, which emits its open window; a later counter with
+    this key starts a new Stat."""
+    with _counters_lock:
+        entry = _counters.pop(key, None)
+    del entry  # dropped outside the lock: the destruction runs handlers
 
 
 class _WaitCounterTracker:
-    """Context manager returned by ``_WaitCounter.guard()``; records the time
-    spent inside it, in microseconds, into the counter's Stat."""
+    """Returned by ``guard()``: records the time spent inside it, in
+    microseconds, into the counter's Stat, also when the block raises.
 
-    __slots__ = ("_start_ns", "_stat")
+    Use it as a context manager (``with counter.guard(): ...``; nesting the
+    same tracker works) or as a decorator (``@counter.guard()``: every call of
+    the decorated function is timed on its own, so recursion, threads and
+    ``async def`` functions are fine). As a context manager, one tracker
+    object should not be shared between threads: call ``guard()`` in each.
+    """
+
+    __slots__ = ("_starts", "_stat")
 
     def __init__(self, stat: Stat) -> None:
         self._stat = stat
-        self._start_ns = 0
+        self._starts: list[int] = []
 
     def __enter__(self) -> _WaitCounterTracker:
-        self._start_ns = time.perf_counter_ns()
+        self._starts.append(time.perf_counter_ns())
         return self
 
     def __exit__(
@@ -44,24 +138,87 @@ class _WaitCounterTracker:
         exc: BaseException | None,
         traceback: TracebackType | None,
     ) -> None:
-        self._stat.add((time.perf_counter_ns() - self._start_ns) / 1000.0)
+        end = time.perf_counter_ns()
+        if not self._starts:
+            raise RuntimeError("a wait counter guard was exited without being entered")
+        self._stat.add((end - self._starts.pop()) / 1000.0)
+
+    def __call__(self, func: _F) -> _F:
+        if not callable(func):
+            raise TypeError(f"guard() as a decorator needs a callable, not {type(func).__name__}")
+        stat = self._stat
+        if inspect.iscoroutinefunction(func):
+
+            @functools.wraps(func)
+            async def timed_async(*args: Any, **kwargs: Any) -> Any:
+                with _WaitCounterTracker(stat):
+                    return await func(*args, **kwargs)
+
+            return cast("_F", timed_async)
+
+        @functools.wraps(func)
+        def timed(*args: Any, **kwargs: Any) -> Any:
+            with _WaitCounterTracker(stat):
+                return func(*args, **kwargs)
+
+        return cast("_F", timed)
 
 
-class _WaitCounter:
-    """``with _WaitCounter("my.key").guard(): ...`` records how long the block
-    took into the Stat named ``key`` (COUNT, SUM and MAX, in microseconds,
-    over 60-second windows)."""
+class WaitCounter:
+    """A named duration counter.
 
-    __slots__ = ("_key", "_stat")
+    ``WaitCounter("data.load").guard()`` times a block (``with``) or every
+    call of a function (as a decorator) into the Stat named ``key``, with
+    COUNT, SUM and MAX in microseconds over windows of ``window_size`` (a
+    ``timedelta`` or a number of seconds, at least 1 ms). All counters with
+    the same key share one process-wide Stat; creating one with another
+    window than the existing one raises ``ValueError``.
+    """
 
-    def __init__(self, key: str | bytes) -> None:
-        if not isinstance(key, (str, bytes, bytearray)):
-            raise TypeError(f"_WaitCounter(key): key must be a str, not {type(key).__name__}")
-        self._stat = _stat_for(key if isinstance(key, str) else bytes(key).decode("utf-8"))
-        self._key = self._stat.name
+    __slots__ = ("_key", "_stat", "_window_ms")
+
+    def __init__(self, key: _Text, window_size: timedelta | float = _DEFAULT_WINDOW) -> None:
+        # Arguments are checked in order: the first bad one decides the error.
+        text = _key_text(key, "WaitCounter")
+        self._bind(text, _window_ms(window_size, "WaitCounter"), "WaitCounter")
+
+    def _bind(self, key: str, window_ms: int | None, owner: str) -> None:
+        self._window_ms, self._stat = _stat_for(key, window_ms, owner)
+        self._key = key
+
+    @property
+    def key(self) -> str:
+        """The counter's key, also the name of its Stat."""
+        return self._key
+
+    @property
+    def window_size(self) -> timedelta:
+        """The length of the Stat's windows, in whole milliseconds."""
+        return timedelta(milliseconds=self._window_ms)
+
+    @property
+    def stat(self) -> Stat:
+        """The Stat the durations go to (``stat.get()``: the last closed window)."""
+        return self._stat
 
     def guard(self) -> _WaitCounterTracker:
+        """A guard that times one unit of work (a ``with`` block or a decorated call)."""
         return _WaitCounterTracker(self._stat)
+
+    def __repr__(self) -> str:
+        return f"torchmon.WaitCounter({self._key!r}, window_size={self.window_size!r})"
+
+
+class _WaitCounter(WaitCounter):
+    """torch.monitor's ``_WaitCounter(key)``: ``with _WaitCounter("my.key").guard(): ...``
+    records how long the block took into the Stat named ``key`` (COUNT, SUM
+    and MAX, in microseconds, over 60-second windows)."""
+
+    __slots__ = ()
+
+    def __init__(self, key: _Text) -> None:
+        # No window argument: any existing counter of this key is taken as is.
+        self._bind(_key_text(key, "_WaitCounter"), None, "_WaitCounter")
 
     def __repr__(self) -> str:
         return f"torchmon._WaitCounter({self._key!r})"

@@ -1,0 +1,196 @@
+"""Forward torch.monitor's own events into torchmon's handlers.
+
+In a process that uses both (torch's built-in Stats and WaitCounters, or
+third-party code written against ``torch.monitor``), one set of sinks sees
+everything::
+
+    import torchmon.bridge
+
+    with torchmon.bridge.forward_from_torch():
+        ...  # every torch.monitor event is also logged with torchmon.log_event
+
+The forwarding handler converts each ``torch.monitor.Event`` into a
+``torchmon.Event`` (same name, timestamp and data; torch's Stat events keep
+the name ``"torch.monitor.Stat"``, so ``TensorboardEventHandler`` writes them)
+and hands it to ``torchmon.log_event``.
+
+It never raises into torch: torch 2.13 skips its later handlers when one
+raises, and aborts the process (``std::terminate``) when a handler raises
+while a torch Stat is destroyed. Any exception (from the conversion or from
+a torchmon handler) is reported through ``sys.unraisablehook``, the way
+Python reports errors it cannot raise (``__del__``, callbacks), and the next
+event is forwarded as usual. ``warnings`` would not be safe: under a
+``-W error`` filter a warning is an exception.
+
+The one exception: ``KeyboardInterrupt`` and ``SystemExit`` (Ctrl-C, a
+handler calling ``sys.exit``) propagate, so they still stop the program;
+torch raises them from its ``log_event``/``Stat.add`` call, or aborts if they
+arrive while it destroys a Stat, as for any handler. Swallowing them would
+lose the Ctrl-C, and Python code cannot re-deliver it after torch returns
+(``_thread.interrupt_main`` fires at the next bytecode, inside the handler).
+
+torch calls its handlers with an internal lock held, so torchmon handlers
+reached through the bridge must not call ``torch.monitor`` themselves
+(torch deadlocks). Closing the bridge from inside such a handler is safe: it
+stops the forwarding at once and unregisters from torch at the next
+``forward_from_torch()`` or ``close()`` made outside of torch's dispatch.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+import threading
+import traceback
+import types
+from types import TracebackType
+from typing import Any
+
+from ._core import Event, log_event
+
+__all__ = ["TorchBridge", "forward_from_torch"]
+
+_state = threading.local()  # .depth: how many forwarding calls this thread is inside
+_pending_lock = threading.Lock()
+_pending_unregister: list[Any] = []  # torch handles to unregister outside of dispatch
+
+
+def _torch_monitor() -> Any:
+    # importlib: torch is optional, and its type information is not needed here.
+    try:
+        return importlib.import_module("torch.monitor")
+    except ImportError as exc:
+        raise ImportError(
+            "torchmon.bridge.forward_from_torch() needs PyTorch (torch.monitor), "
+            f"which cannot be imported: {exc}"
+        ) from exc
+
+
+def _inside_dispatch() -> bool:
+    return getattr(_state, "depth", 0) > 0
+
+
+def _report_unraisable(exc: BaseException, obj: object) -> None:
+    """Hands ``exc`` to ``sys.unraisablehook``; never raises."""
+    message = "Exception ignored while forwarding a torch.monitor event to torchmon"
+    try:
+        hook = sys.unraisablehook
+        if hook is sys.__unraisablehook__:
+            # The default hook accepts only the interpreter's own argument
+            # type, which Python code cannot create: print what it would.
+            print(f"{message}: {obj!r}", file=sys.stderr)
+            traceback.print_exception(type(exc), exc, exc.__traceback__, file=sys.stderr)
+        else:
+            hook(
+                types.SimpleNamespace(
+                    exc_type=type(exc),
+                    exc_value=exc,
+                    exc_traceback=exc.__traceback__,
+                    err_msg=message,
+                    object=obj,
+                )
+            )
+    except BaseException:
+        pass  # nothing is left to report to
+
+
+def _drain_pending(monitor: Any) -> None:
+    """Unregisters the handlers that were closed during a dispatch."""
+    with _pending_lock:
+        handles = list(_pending_unregister)
+        _pending_unregister.clear()
+    for handle in handles:
+        monitor.unregister_event_handler(handle)
+
+
+class _Forwarder:
+    """The callable registered with torch.monitor."""
+
+    __slots__ = ("active",)
+
+    def __init__(self) -> None:
+        self.active = True
+
+    def __call__(self, torch_event: Any) -> None:
+        if not self.active:
+            return
+        _state.depth = getattr(_state, "depth", 0) + 1
+        try:
+            log_event(Event(torch_event.name, torch_event.timestamp, torch_event.data))
+        except (KeyboardInterrupt, SystemExit):
+            raise  # requests to stop the program are not swallowed (see the module doc)
+        except BaseException as exc:
+            _report_unraisable(exc, self)
+        finally:
+            _state.depth -= 1
+
+    def __repr__(self) -> str:
+        return f"<torchmon.bridge forwarder, {'active' if self.active else 'closed'}>"
+
+
+class TorchBridge:
+    """Returned by ``forward_from_torch()``: undoes it with ``close()`` (alias
+    ``remove()``, idempotent) or at the end of a ``with`` block."""
+
+    __slots__ = ("_forwarder", "_handle", "_lock", "_monitor")
+
+    def __init__(self, monitor: Any, forwarder: _Forwarder, handle: Any) -> None:
+        self._monitor = monitor
+        self._forwarder = forwarder
+        self._handle: Any = handle
+        self._lock = threading.Lock()
+
+    @property
+    def closed(self) -> bool:
+        return self._handle is None
+
+    def close(self) -> None:
+        """Stops forwarding and unregisters the handler from torch.monitor."""
+        with self._lock:
+            handle, self._handle = self._handle, None
+        self._forwarder.active = False
+        if _inside_dispatch():
+            # torch holds its handler lock: unregistering now would deadlock.
+            if handle is not None:
+                with _pending_lock:
+                    _pending_unregister.append(handle)
+            return
+        _drain_pending(self._monitor)
+        if handle is not None:
+            self._monitor.unregister_event_handler(handle)
+
+    remove = close
+
+    def __enter__(self) -> TorchBridge:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"<torchmon.bridge.TorchBridge {'closed' if self.closed else 'forwarding'}>"
+
+
+def forward_from_torch() -> TorchBridge:
+    """Registers a torch.monitor handler that re-logs every torch.monitor
+    event into torchmon (``torchmon.log_event``) until the returned bridge is
+    closed. Each call registers one more forwarder (two open bridges forward
+    every event twice). Raises ``ImportError`` when torch is not importable,
+    and ``RuntimeError`` when called from inside a forwarded event's handler
+    (torch would deadlock).
+    """
+    monitor = _torch_monitor()
+    if _inside_dispatch():
+        raise RuntimeError(
+            "forward_from_torch() cannot be called from a handler of a forwarded "
+            "torch.monitor event: torch holds its handler lock (it would deadlock)"
+        )
+    _drain_pending(monitor)
+    forwarder = _Forwarder()
+    handle = monitor.register_event_handler(forwarder)
+    return TorchBridge(monitor, forwarder, handle)

@@ -1,0 +1,396 @@
+"""The torchmon command: demo, summarize, to-tensorboard, --version."""
+
+from __future__ import annotations
+
+import io
+import re
+import subprocess
+import sys
+from datetime import datetime, timedelta
+from pathlib import Path
+
+import pytest
+
+import torchmon
+from torchmon.cli import main
+from torchmon.handlers.jsonl import JsonlEventHandler, read_jsonl
+
+EPOCHS, STEPS = 2, 700  # >= 0.8 ms each: over 1.1 s, so at least two 1-second windows
+DEMO_STATS = (
+    "train.loss",
+    "train.sample_loss",
+    "train.grad_norm",
+    "train.throughput",
+    "train.step_time_us",
+)
+
+
+def run_cli(*args: str, timeout: float = 120.0) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "torchmon", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        stdin=subprocess.DEVNULL,
+    )
+
+
+def read_scalars(logdir: Path) -> dict[str, list[tuple[int, float, float]]]:
+    """(step, wall_time, value) of every scalar, by tag, read by TensorBoard's own reader."""
+    pytest.importorskip("tensorboard")
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    acc = EventAccumulator(str(logdir))
+    acc.Reload()
+    return {
+        tag: [(s.step, s.wall_time, s.value) for s in acc.Scalars(tag)]
+        for tag in acc.Tags()["scalars"]
+    }
+
+
+def stat_series(events: list[torchmon.Event]) -> dict[str, list[tuple[float, float]]]:
+    """(walltime, value) of every Stat event key, in file order."""
+    series: dict[str, list[tuple[float, float]]] = {}
+    for event in events:
+        if event.name == torchmon.STAT_EVENT:
+            for key, value in event.data.items():
+                series.setdefault(key, []).append((event.timestamp.timestamp(), value))
+    return series
+
+
+@pytest.fixture(scope="module")
+def demo(tmp_path_factory: pytest.TempPathFactory) -> tuple[subprocess.CompletedProcess[str], Path]:
+    pytest.importorskip("tensorboardX")
+    logdir = tmp_path_factory.mktemp("cli") / "demo"
+    result = run_cli(
+        "demo", "--logdir", str(logdir), "--epochs", str(EPOCHS), "--steps", str(STEPS)
+    )
+    return result, logdir
+
+
+@pytest.fixture(scope="module")
+def demo_events(demo: tuple[subprocess.CompletedProcess[str], Path]) -> list[torchmon.Event]:
+    result, logdir = demo
+    assert result.returncode == 0, result.stderr
+    return list(read_jsonl(str(logdir / "events.jsonl")))
+
+
+# --- demo -------------------------------------------------------------------
+
+
+def test_demo_exits_0_and_prints_epochs_summary_and_tensorboard_command(demo):
+    result, logdir = demo
+    assert result.returncode == 0, result.stderr
+    out = result.stdout
+    assert f"writing to {logdir}" in out
+    for epoch in range(1, EPOCHS + 1):
+        assert f"epoch {epoch}/{EPOCHS}  loss " in out
+    for stat in DEMO_STATS:
+        assert f"\n{stat} " in out  # a summary row
+    assert f"tensorboard --logdir {logdir}" in out
+    # stderr is not a terminal here: no progress bar.
+    assert "[#" not in result.stderr
+    assert "\r" not in result.stderr
+
+
+def test_demo_jsonl_holds_every_stat_window_and_the_epoch_events(demo_events):
+    stat_events = [e for e in demo_events if e.name == torchmon.STAT_EVENT]
+    epoch_events = [e for e in demo_events if e.name == "train.epoch_end"]
+    assert len(stat_events) + len(epoch_events) == len(demo_events)
+    keys = {key for e in stat_events for key in e.data}
+    assert {
+        "train.loss.mean",
+        "train.loss.min",
+        "train.loss.max",
+        "train.loss.count",
+        "train.step_time_us.count",
+        "train.step_time_us.sum",
+        "train.step_time_us.max",
+        "train.sample_loss.mean",
+        "train.grad_norm.max",
+        "train.throughput.mean",
+    } <= keys
+    # Every sample is in some window: the last, partial windows were emitted
+    # (the Stats and the step timer's counter) before the sinks closed.
+    series = stat_series(demo_events)
+    assert sum(v for _, v in series["train.loss.count"]) == EPOCHS * STEPS
+    assert sum(v for _, v in series["train.step_time_us.count"]) == EPOCHS * STEPS
+    # Each step sleeps at least 0.8 ms inside the step timer's guard.
+    assert sum(v for _, v in series["train.step_time_us.sum"]) >= EPOCHS * STEPS * 800
+    lows, means, highs = (
+        [v for _, v in series[f"train.loss.{agg}"]] for agg in ("min", "mean", "max")
+    )
+    assert len(lows) == len(means) == len(highs) >= 2
+    assert all(lo <= mean <= hi for lo, mean, hi in zip(lows, means, highs))
+
+    assert [e.data["epoch"] for e in epoch_events] == list(range(1, EPOCHS + 1))
+    for event in epoch_events:
+        assert set(event.data) >= {"epoch", "loss", "accuracy", "steps", "seconds"}
+        assert event.data["steps"] == STEPS
+        assert 0.0 <= event.data["accuracy"] <= 1.0
+    # The simulated loss decreases.
+    assert epoch_events[-1].data["loss"] < epoch_events[0].data["loss"]
+
+
+def test_demo_tensorboard_files_read_back(demo, demo_events):
+    _, logdir = demo
+    assert list(logdir.glob("events.out.tfevents.*"))
+    scalars = read_scalars(logdir)
+    for key, points in stat_series(demo_events).items():
+        assert [v for _, _, v in scalars[key]] == pytest.approx([v for _, v in points], rel=1e-6)
+        assert [w for _, w, _ in scalars[key]] == pytest.approx([w for w, _ in points], abs=1e-3)
+    # The epoch events, with the epoch as the step.
+    epoch_events = [e for e in demo_events if e.name == "train.epoch_end"]
+    loss = scalars["train.epoch_end/loss"]
+    assert [step for step, _, _ in loss] == [e.data["epoch"] for e in epoch_events]
+    assert [v for _, _, v in loss] == pytest.approx([e.data["loss"] for e in epoch_events])
+
+
+def test_demo_refuses_a_non_empty_logdir(tmp_path, capsys):
+    (tmp_path / "keep.txt").write_text("mine")
+    assert main(["demo", "--logdir", str(tmp_path), "--epochs", "1", "--steps", "1"]) == 2
+    err = capsys.readouterr().err
+    assert "not empty" in err
+    assert (tmp_path / "keep.txt").read_text() == "mine"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["keep.txt"]
+
+
+@pytest.mark.parametrize("option", ["--epochs", "--steps"])
+def test_demo_rejects_non_positive_counts(tmp_path, capsys, option):
+    assert main(["demo", "--logdir", str(tmp_path / "d"), option, "0"]) == 2
+    assert f"{option} must be at least 1" in capsys.readouterr().err
+
+
+class _Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def test_demo_in_process_draws_a_progress_bar_on_a_terminal(tmp_path, monkeypatch, capsys):
+    terminal = _Terminal()
+    monkeypatch.setattr(sys, "stderr", terminal)
+    logdir = tmp_path / "tty"
+    assert main(["demo", "--logdir", str(logdir), "--epochs", "2", "--steps", "40"]) == 0
+    drawn = terminal.getvalue()
+    # Drawn from the first step of each epoch on, erased before each epoch's line.
+    assert drawn.startswith("\r[..............................]   1%  epoch 1/2  step 1/80  loss ")
+    assert "epoch 2/2  step 41/80" in drawn
+    assert re.search(r"\r +\r$", drawn)  # the bar is erased at the end
+    out = capsys.readouterr().out
+    assert "epoch 2/2" in out
+    events = list(read_jsonl(str(logdir / "events.jsonl")))
+    counts = stat_series(events)["train.loss.count"]
+    assert sum(v for _, v in counts) == 80
+
+
+# --- summarize ----------------------------------------------------------------
+
+
+def write_log(path: Path, events: list[torchmon.Event]) -> None:
+    handler = JsonlEventHandler(str(path))
+    try:
+        for event in events:
+            handler(event)
+    finally:
+        handler.close()
+
+
+T0 = datetime(2025, 1, 2, 3, 4, 5)
+
+
+def stat_event(seconds: int, data: dict[str, float]) -> torchmon.Event:
+    return torchmon.Event(torchmon.STAT_EVENT, T0 + timedelta(seconds=seconds), data)
+
+
+def test_summarize_table_values(tmp_path, capsys):
+    log = tmp_path / "log.jsonl"
+    write_log(
+        log,
+        [
+            stat_event(1, {"a.b.mean": 1.0, "a.b.count": 2.0}),
+            stat_event(1, {"other.sum": 10.0}),
+            stat_event(2, {"a.b.mean": 4.0, "a.b.count": 4.0}),
+            torchmon.Event("epoch", T0, {"epoch": 1, "loss": 0.5, "tag": "x"}),
+            stat_event(3, {"a.b.mean": 2.5, "a.b.count": 6.0}),
+        ],
+    )
+    assert main(["summarize", str(log)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    rows = [line.split() for line in lines]
+    assert rows[0] == ["stat", "aggregation", "windows", "last", "mean", "min", "max"]
+    # a.b: 3 windows; mean column values 1, 4, 2.5 -> last 2.5, mean 2.5, min 1, max 4.
+    assert ["a.b", "mean", "3", "2.5", "2.5", "1", "4"] in rows
+    assert ["a.b", "count", "3", "6", "4", "2", "6"] in rows
+    assert ["other", "sum", "1", "10", "10", "10", "10"] in rows
+    # Aligned: text columns start, number columns end, where their headers do.
+    table = lines[: lines.index("")]
+    header = table[0]
+    agg_start = header.index("aggregation")
+    windows_end = header.index("windows") + len("windows")
+    for line, row in zip(table[1:], rows[1:]):
+        assert line[agg_start:].startswith(row[1])
+        assert line[:windows_end].endswith(" " + row[2])
+        assert len(line) == len(header)
+    # The other events are counted, with their last data.
+    assert any(line.split()[:2] == ["epoch", "1"] and "loss=0.5" in line for line in lines)
+
+
+def test_summarize_on_the_demo_log_prints_every_stat(demo, demo_events):
+    _, logdir = demo
+    result = run_cli("summarize", str(logdir / "events.jsonl"))
+    assert result.returncode == 0, result.stderr
+    rows = [line.split() for line in result.stdout.splitlines()]
+    series = stat_series(demo_events)
+    for key, points in series.items():
+        stat, _, agg = key.rpartition(".")
+        row = next(r for r in rows if r[:2] == [stat, agg])
+        windows = int(row[2])
+        assert windows == len(points)
+        assert float(row[3]) == pytest.approx(points[-1][1], rel=1e-5)  # last
+        assert float(row[5]) == pytest.approx(min(v for _, v in points), rel=1e-5)
+        assert float(row[6]) == pytest.approx(max(v for _, v in points), rel=1e-5)
+    assert any(r[:2] == ["train.epoch_end", str(EPOCHS)] for r in rows)
+
+
+def test_summarize_malformed_file_exits_2_with_a_message(tmp_path):
+    log = tmp_path / "bad.jsonl"
+    write_log(log, [stat_event(1, {"a.sum": 1.0})])
+    with log.open("a") as f:
+        f.write("{this is not json\n")
+    result = run_cli("summarize", str(log))
+    assert result.returncode == 2
+    assert str(log) in result.stderr
+    assert "Traceback" not in result.stderr
+    assert result.stderr.startswith("torchmon summarize: ")
+
+
+def test_summarize_missing_file_exits_2(tmp_path, capsys):
+    missing = tmp_path / "nope.jsonl"
+    assert main(["summarize", str(missing)]) == 2
+    err = capsys.readouterr().err
+    assert f"{missing}: no such file" in err
+
+
+def test_summarize_directory_exits_2(tmp_path, capsys):
+    assert main(["summarize", str(tmp_path)]) == 2
+    assert "is a directory" in capsys.readouterr().err
+
+
+def test_summarize_empty_file(tmp_path, capsys):
+    log = tmp_path / "empty.jsonl"
+    log.write_text("")
+    assert main(["summarize", str(log)]) == 0
+    assert "no events" in capsys.readouterr().out
+
+
+# --- to-tensorboard -----------------------------------------------------------
+
+
+def test_to_tensorboard_converts_the_demo_log(demo, demo_events, tmp_path):
+    _, logdir = demo
+    out_dir = tmp_path / "converted"
+    result = run_cli("to-tensorboard", str(logdir / "events.jsonl"), str(out_dir))
+    assert result.returncode == 0, result.stderr
+    scalars = read_scalars(out_dir)
+    series = stat_series(demo_events)
+    for key, points in series.items():
+        assert [v for _, _, v in scalars[key]] == pytest.approx([v for _, v in points], rel=1e-6)
+        # walltime is the event's timestamp
+        assert [w for _, w, _ in scalars[key]] == pytest.approx([w for w, _ in points], abs=1e-3)
+    epoch_events = [e for e in demo_events if e.name == "train.epoch_end"]
+    for field in ("loss", "accuracy", "epoch", "steps", "seconds"):
+        got = scalars[f"train.epoch_end/{field}"]
+        assert [v for _, _, v in got] == pytest.approx([e.data[field] for e in epoch_events])
+        assert [step for step, _, _ in got] == list(range(EPOCHS))  # ordinal steps
+    total = sum(len(points) for points in scalars.values())
+    assert total == sum(len(p) for p in series.values()) + 5 * EPOCHS
+    assert f"wrote {total} scalars to {out_dir}" in result.stdout
+
+
+def test_to_tensorboard_step_field(tmp_path, capsys):
+    pytest.importorskip("tensorboardX")
+    log = tmp_path / "log.jsonl"
+    write_log(
+        log,
+        [
+            torchmon.Event("val", T0, {"epoch": 5, "acc": 0.5, "name": "x", "ok": True}),
+            torchmon.Event("val", T0 + timedelta(seconds=1), {"epoch": 7, "acc": 0.75}),
+        ],
+    )
+    out_dir = tmp_path / "tb"
+    assert main(["to-tensorboard", str(log), str(out_dir), "--step-field", "epoch"]) == 0
+    # str and bool fields are skipped, and the step field is the step, not a scalar.
+    assert "wrote 2 scalars" in capsys.readouterr().out
+    scalars = read_scalars(out_dir)
+    assert sorted(scalars) == ["val/acc"]
+    assert [(step, value) for step, _, value in scalars["val/acc"]] == [(5, 0.5), (7, 0.75)]
+    assert [w for _, w, _ in scalars["val/acc"]] == pytest.approx(
+        [T0.timestamp(), T0.timestamp() + 1], abs=1e-3
+    )
+
+
+def test_to_tensorboard_malformed_file_exits_2(tmp_path, capsys):
+    log = tmp_path / "bad.jsonl"
+    log.write_text("[1, 2, 3]\n")
+    out_dir = tmp_path / "tb"
+    assert main(["to-tensorboard", str(log), str(out_dir)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"torchmon to-tensorboard: {log}:1: ")
+    assert not out_dir.exists()  # nothing is written from a log that cannot be read
+
+
+# --- the rest -----------------------------------------------------------------
+
+
+def test_version(capsys):
+    assert main(["--version"]) == 0
+    assert capsys.readouterr().out.strip() == f"torchmon {torchmon.__version__}"
+    result = run_cli("--version")
+    assert result.returncode == 0
+    assert result.stdout.strip() == f"torchmon {torchmon.__version__}"
+
+
+def test_no_command_prints_usage_and_exits_2(capsys):
+    assert main([]) == 2
+    err = capsys.readouterr().err
+    assert "usage: torchmon" in err
+    for command in ("demo", "summarize", "to-tensorboard"):
+        assert command in err
+
+
+def test_unknown_command_exits_2(capsys):
+    assert main(["frobnicate"]) == 2
+    assert "invalid choice" in capsys.readouterr().err
+
+
+def run_without_tensorboardx(*args: str) -> subprocess.CompletedProcess[str]:
+    code = (
+        "import sys\n"
+        "sys.modules['tensorboardX'] = None  # makes `import tensorboardX` fail\n"
+        "from torchmon.cli import main\n"
+        f"sys.exit(main({list(args)!r}))\n"
+    )
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+
+
+def test_demo_without_tensorboardx_writes_the_json_lines_only(tmp_path):
+    logdir = tmp_path / "no-tb"
+    result = run_without_tensorboardx(
+        "demo", "--logdir", str(logdir), "--epochs", "1", "--steps", "20"
+    )
+    assert result.returncode == 0, result.stderr
+    assert "no TensorBoard output" in result.stderr
+    assert "pip install 'torchmon[tensorboard]'" in result.stderr
+    assert "tensorboard --logdir" not in result.stdout
+    assert sorted(p.name for p in logdir.iterdir()) == ["events.jsonl"]
+    events = list(read_jsonl(str(logdir / "events.jsonl")))
+    assert sum(v for _, v in stat_series(events)["train.loss.count"]) == 20
+
+
+def test_to_tensorboard_without_tensorboardx_exits_2(tmp_path):
+    log = tmp_path / "log.jsonl"
+    write_log(log, [stat_event(1, {"a.sum": 1.0})])
+    result = run_without_tensorboardx("to-tensorboard", str(log), str(tmp_path / "tb"))
+    assert result.returncode == 2
+    assert "needs tensorboardX" in result.stderr
+    assert "Traceback" not in result.stderr
