@@ -23,9 +23,10 @@ pub fn now_ms() -> i64 {
     monotonic_ms()
 }
 
-/// Windows at least this long read the coarse clock: its lag (one tick, 4 ms
-/// at most with HZ=250) is then under 0.4 % of a window, and it costs a
-/// fraction of the fine clock (see benches/stat_add.rs, group "clock").
+/// Windows at least this long read the coarse clock: its lag (one to two
+/// ticks; 3.5-7.5 ms measured on these VMs with a 4 ms tick) is then under
+/// 1 % of a window, and it costs a fifth of the fine clock here (see
+/// benches/stat_add.rs, group "clock", and docs/performance.md).
 pub const COARSE_CLOCK_MIN_WINDOW_MS: i64 = 1000;
 
 /// What a Stat with windows of `window_ms` reads: the override when set,
@@ -62,9 +63,9 @@ pub fn monotonic_ms() -> i64 {
 
 /// The coarse monotonic clock (`CLOCK_MONOTONIC_COARSE`) in whole
 /// milliseconds: the time of the last scheduler tick, read from the vDSO
-/// without touching the clocksource. It lags `monotonic_ms` by less than one
-/// tick (`coarse_resolution_ns`) as long as ticks come on time (a loaded VM
-/// can delay one by a few ms), and is never ahead of it.
+/// without touching the clocksource. It is never ahead of `monotonic_ms` and
+/// lags it by about a tick (`coarse_resolution_ns`); on a VM the kernel
+/// updates it late, so up to two ticks are normal.
 #[inline(always)]
 pub fn monotonic_coarse_ms() -> i64 {
     let mut ts = libc::timespec {
@@ -122,7 +123,7 @@ mod tests {
     }
 
     #[test]
-    fn coarse_clock_is_never_ahead_and_typically_lags_under_a_tick() {
+    fn coarse_clock_is_never_ahead_and_typically_lags_under_two_ticks() {
         let tick_ms = (coarse_resolution_ns() + 999_999) / 1_000_000;
         assert!((1..=100).contains(&tick_ms), "tick {tick_ms} ms");
         let mut lags: Vec<i64> = (0..1000)
@@ -136,12 +137,12 @@ mod tests {
                 before - coarse
             })
             .collect();
-        // A tick can come late on a loaded VM, so only the typical lag is
-        // bounded by the tick.
+        // Ticks come late on a loaded VM (lags of 3.5-7.5 ms seen with a
+        // 4 ms tick), so only the typical lag is bounded, by two ticks.
         lags.sort_unstable();
         let median = lags[lags.len() / 2];
         assert!(
-            median <= tick_ms + 1,
+            median <= 2 * tick_ms + 1,
             "median lag {median} ms, tick {tick_ms} ms"
         );
     }
