@@ -8,6 +8,11 @@ from typing_extensions import Buffer
 
 _Text: TypeAlias = str | bytes | bytearray
 _DataValue: TypeAlias = str | int | float | bool
+_InValue: TypeAlias = _DataValue | bytes | bytearray
+# Keys typed as str only: Mapping is invariant in its key type, so a wider key
+# type would reject a dict[str, float], and a union of Mappings defeats mypy's
+# inference of dict literals. bytes keys still work at run time (decoded).
+_EventData: TypeAlias = Mapping[str, _InValue]
 
 __all__ = [
     "STAT_EVENT",
@@ -72,7 +77,7 @@ class Event:
         cls,
         name: _Text,
         timestamp: datetime | date | time,
-        data: Mapping[_Text, _DataValue | bytes | bytearray],
+        data: _EventData,
     ) -> Event: ...
     @property
     def name(self) -> str: ...
@@ -85,7 +90,7 @@ class Event:
     @property
     def data(self) -> dict[str, _DataValue]: ...
     @data.setter
-    def data(self, value: Mapping[_Text, _DataValue | bytes | bytearray]) -> None: ...
+    def data(self, value: _EventData) -> None: ...
     def __reduce__(
         self,
     ) -> tuple[type[Event], tuple[str, datetime, dict[str, _DataValue]]]: ...

@@ -319,8 +319,7 @@ def _decode_line(line: str) -> Event:
     raw = record["data"]
     if not isinstance(raw, dict):
         raise _LineError(f"data must be a JSON object, not {_json_kind(raw)}")
-    # Annotated as Event's parameter: Mapping's key type is invariant.
-    data: dict[str | bytes | bytearray, str | int | float | bool | bytes | bytearray] = {
+    data: dict[str, str | int | float | bool | bytes | bytearray] = {
         _check_str(key, "a data key"): _decode_value(key, value) for key, value in raw.items()
     }
     try:
