@@ -214,11 +214,16 @@ unsafe extern "C" fn log_event(
         // SAFETY: CPython calls this function attached, with `nargs` valid
         // borrowed argument pointers when `kwnames` is NULL.
         let py = unsafe { Python::assume_attached() };
-        if nargs == 1 && kwnames.is_null() && !has_handlers() {
+        if nargs == 1 && kwnames.is_null() {
             // SAFETY: one positional argument, no keywords (checked).
             let event = unsafe { Borrowed::from_ptr(py, *args) };
             if event.cast::<Event>().is_ok() {
-                return Ok(none());
+                if !has_handlers() {
+                    return Ok(none());
+                }
+                // Already attached: no `Python::attach` (a thread-local
+                // count and a pool check) and no argument parsing.
+                return log_event_checked(&event).map(|()| none());
             }
         }
         Python::attach(|py| {
