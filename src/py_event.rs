@@ -140,7 +140,7 @@ impl Event {
 impl Event {
     #[new]
     #[pyo3(signature = (name, timestamp, data))]
-    fn new(
+    pub(crate) fn new(
         name: &Bound<'_, PyAny>,
         timestamp: &Bound<'_, PyAny>,
         data: &Bound<'_, PyAny>,

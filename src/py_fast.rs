@@ -1,5 +1,5 @@
-//! Hand-written entry points for the two calls of the hot path, `Stat.add`
-//! and `log_event`.
+//! Hand-written entry points for the calls of the hot path: `Stat.add`,
+//! `log_event` and the `Event(...)` constructor.
 //!
 //! PyO3's generated wrappers cost ~115 instructions per call here (its
 //! trampoline, the generic argument extraction, the fastcall shim: measured
@@ -56,7 +56,93 @@ pub fn install(module: &Bound<'_, PyModule>) -> PyResult<()> {
             ffi::PyCFunction_NewEx(log, std::ptr::null_mut(), module_name.as_ptr()),
         )?
     };
-    module.add("log_event", function)
+    module.add("log_event", function)?;
+    install_event_vectorcall(py);
+    Ok(())
+}
+
+/// Makes `Event(name, timestamp, data)` a vectorcall. Without it CPython
+/// calls a heap type through `type.__call__`, which packs the arguments into
+/// a tuple, calls `__new__` (whose PyO3 wrapper unpacks them again) and then
+/// `__init__`: 1,678 instructions per call against 1,172 this way (callgrind,
+/// docs/performance.md).
+fn install_event_vectorcall(py: Python<'_>) {
+    #[cfg(not(Py_LIMITED_API))]
+    {
+        let event_type = py.get_type::<Event>();
+        // SAFETY: `event_type` is the live Event type object, which PyO3
+        // created as a heap type with the full (non-limited) PyTypeObject
+        // layout; `tp_vectorcall` is the documented field CPython reads to
+        // call the type object itself ("Vectorcall function to use for calls
+        // of this type object", never inherited, so subclasses, of which
+        // there are none, would be unaffected). It is written once, during
+        // module initialisation, before any other code can see the type.
+        unsafe {
+            (*event_type.as_type_ptr()).tp_vectorcall = Some(event_new_vectorcall);
+        }
+    }
+    #[cfg(Py_LIMITED_API)]
+    let _ = py;
+}
+
+/// `Event(name, timestamp, data)` called on the Event type.
+#[cfg(not(Py_LIMITED_API))]
+unsafe extern "C" fn event_new_vectorcall(
+    callable: *mut ffi::PyObject,
+    args: *const *mut ffi::PyObject,
+    nargsf: usize,
+    kwnames: *mut ffi::PyObject,
+) -> *mut ffi::PyObject {
+    guarded(|| {
+        // SAFETY: CPython calls a vectorcall function attached, with
+        // `callable` (the Event type) and the `nargs` positional pointers
+        // followed by one per name in `kwnames` valid for the call.
+        let py = unsafe { Python::assume_attached() };
+        // SAFETY: `nargsf` is what CPython passed: a count with flag bits.
+        let nargs = unsafe { ffi::PyVectorcall_NARGS(nargsf) };
+        if nargs == 3 && kwnames.is_null() {
+            // SAFETY: three positional arguments (checked), borrowed for the call.
+            let arg = |index: usize| unsafe { Borrowed::from_ptr(py, *args.add(index)) };
+            let event = Event::new(&arg(0), &arg(1), &arg(2))?;
+            return Ok(Py::new(py, event)?.into_ptr());
+        }
+        // Keywords or a wrong count: `type.__call__` as without this
+        // function, so the errors are PyO3's usual ones.
+        Python::attach(|py| {
+            let positional = usize::try_from(nargs).unwrap_or(0);
+            let mut values = Vec::with_capacity(positional);
+            for index in 0..positional {
+                // SAFETY: `args` holds `positional` valid borrowed pointers
+                // (it may be NULL only when there are none).
+                values.push(unsafe { Bound::from_borrowed_ptr(py, *args.add(index)) });
+            }
+            let tuple = PyTuple::new(py, values)?;
+            let kwargs = pyo3::types::PyDict::new(py);
+            // SAFETY: a non-NULL `kwnames` is a tuple of str valid for the call.
+            if let Some(names) = unsafe { Bound::from_borrowed_ptr_or_opt(py, kwnames) } {
+                for (offset, name) in names.cast_into::<PyTuple>()?.iter().enumerate() {
+                    // SAFETY: keyword values follow the positional ones in `args`.
+                    let value =
+                        unsafe { Bound::from_borrowed_ptr(py, *args.add(positional + offset)) };
+                    kwargs.set_item(name, value)?;
+                }
+            }
+            // SAFETY: PyType_Type is CPython's static `type` object, whose
+            // `tp_call` (type_call) is always set; `callable` is the Event
+            // type, a valid type object, and `tuple`/`kwargs` live for the
+            // call. It returns a new reference or NULL with an error set.
+            unsafe {
+                let type_call = (*std::ptr::addr_of_mut!(ffi::PyType_Type))
+                    .tp_call
+                    .ok_or_else(|| PyTypeError::new_err("type objects are not callable"))?;
+                Bound::from_owned_ptr_or_err(
+                    py,
+                    type_call(callable, tuple.as_ptr(), kwargs.as_ptr()),
+                )
+                .map(Bound::into_ptr)
+            }
+        })
+    })
 }
 
 /// A `PyMethodDef` that lives as long as the process: CPython keeps a

@@ -76,6 +76,33 @@ def test_keywords_in_any_order() -> None:
     assert (e.name, e.timestamp, e.data) == ("kw", TS, {"k": "v"})
 
 
+def test_positional_and_keyword_mixed() -> None:
+    e = Event("kw", TS, data={"k": 1.5})
+    assert (e.name, e.timestamp, e.data) == ("kw", TS, {"k": 1.5})
+
+
+@pytest.mark.parametrize(
+    ("args", "kwargs", "message"),
+    [
+        ((), {}, "missing 3 required positional arguments"),
+        (("e",), {}, "missing 2 required positional arguments"),
+        (("e", TS, {}, 1), {}, "takes 3 positional arguments but 4 were given"),
+        (("e", TS), {"data": {}, "extra": 1}, "unexpected keyword argument 'extra'"),
+        (("e", TS, {}), {"name": "again"}, "multiple values for argument 'name'"),
+    ],
+)
+def test_wrong_arguments_are_type_errors(
+    args: tuple[object, ...], kwargs: dict[str, object], message: str
+) -> None:
+    with pytest.raises(TypeError, match=message):
+        Event(*args, **kwargs)  # type: ignore[arg-type, call-arg]
+
+
+def test_type_call_route_builds_the_same_event() -> None:
+    e = type.__call__(Event, "e", TS, {"k": 1})
+    assert (e.name, e.timestamp, e.data) == ("e", TS, {"k": 1})
+
+
 def test_empty_data() -> None:
     assert Event("e", TS, {}).data == {}
 
