@@ -97,6 +97,10 @@ fn single_thread(c: &mut Criterion) {
     g.bench_function("MutexStat::add_at (parking_lot Mutex)", |b| {
         b.iter(|| locked.add_at(black_box(1.5), FIXED_NOW_MS))
     });
+    g.bench_function(
+        "Stat::add_at_serialized (what GIL builds call: no RMW instructions)",
+        |b| b.iter(|| black_box(stat.add_at_serialized(black_box(1.5), FIXED_NOW_MS))),
+    );
     g.bench_function("Stat::add (with the clock read)", |b| {
         b.iter(|| black_box(stat.add(black_box(1.5))))
     });

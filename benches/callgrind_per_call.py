@@ -1,0 +1,90 @@
+"""Instructions per call of the hot-path operations, counted by callgrind.
+
+Run:  python benches/callgrind_per_call.py   (needs valgrind)
+
+Instruction counts do not depend on what else the machine is doing, so they
+complement the timings of bench_hot_path.py on a noisy machine. Each case
+runs a loop of N and of 2N calls in a fresh interpreter under callgrind; the
+difference divided by N is the cost of one call plus the loop's own
+bytecode (the same for every row, shown by the `pass` row).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+SETUP = """
+import math
+from datetime import datetime, timedelta
+import torchmon as m
+fabs = math.fabs
+five = [m.Aggregation.MEAN, m.Aggregation.COUNT, m.Aggregation.SUM,
+        m.Aggregation.MAX, m.Aggregation.MIN]
+stat5 = m.Stat("s", five, timedelta(hours=1))
+now = datetime.now()
+fields = {"a": 1, "b": 2.5, "c": "x"}
+event = m.Event("e", now, fields)
+Event = m.Event
+log_event = m.log_event
+if HANDLERS:
+    m.register_event_handler(lambda e: None)
+"""
+
+CASES = [
+    ("loop alone (`pass`)", "pass", 0),
+    ("math.fabs(1.5)", "fabs(1.5)", 0),
+    ("Stat.add(1.5), 5 aggregations", "stat5.add(1.5)", 0),
+    ("log_event, 0 handlers", "log_event(event)", 0),
+    ("log_event, 1 handler (a lambda)", "log_event(event)", 1),
+    ("Event(name, ts, prebuilt 3-field dict)", "Event('e', now, fields)", 0),
+    ("event.data, 3 fields", "event.data", 0),
+]
+
+
+def instructions(stmt: str, handlers: int, n: int, workdir: Path) -> int:
+    script = workdir / "case.py"
+    body = SETUP.replace("HANDLERS", str(handlers))
+    # A function's loop, so the names are fast locals, not module globals.
+    names = "fabs, stat5, now, fields, event, Event, log_event"
+    script.write_text(
+        f"{body}\ndef run({names}):\n    for _ in range({n}):\n        {stmt}\nrun({names})\n"
+    )
+    out = workdir / "callgrind.out"
+    result = subprocess.run(
+        ["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}", sys.executable, script],
+        capture_output=True,
+        # The same hash seed for both runs: dict layouts, hence counts, repeat.
+        env={**os.environ, "PYTHONHASHSEED": "0"},
+        text=True,
+        check=True,
+    )
+    match = re.search(r"refs:\s+([\d,]+)", result.stderr)
+    if match is None:
+        raise RuntimeError(result.stderr)
+    return int(match.group(1).replace(",", ""))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("-n", type=int, default=100_000)
+    args = parser.parse_args()
+    version = sys.version.split()[0]
+    print(f"Python {version}; instructions per call (callgrind, 2N - N, N = {args.n})")
+    print()
+    print("| operation | instructions per call |")
+    print("| --- | ---: |")
+    with tempfile.TemporaryDirectory() as tmp:
+        for label, stmt, handlers in CASES:
+            once = instructions(stmt, handlers, args.n, Path(tmp))
+            twice = instructions(stmt, handlers, 2 * args.n, Path(tmp))
+            print(f"| {label} | {(twice - once) / args.n:.0f} |", flush=True)
+
+
+if __name__ == "__main__":
+    main()
