@@ -1,0 +1,155 @@
+"""The scripts in examples/ run as a user would run them, and do what they say.
+
+Each runs in a fresh interpreter, in a temporary working directory, with a
+hard timeout; the assertions read what the script wrote (its JSON lines and
+TensorBoard files, or the lines it scraped) back independently.
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import torchmon
+
+EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
+
+
+def run_example(name: str, *args: str, cwd: Path, timeout: float = 120.0) -> str:
+    proc = subprocess.run(
+        [sys.executable, str(EXAMPLES / name), *args],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        stdin=subprocess.DEVNULL,
+    )
+    assert proc.returncode == 0, f"{name} exited {proc.returncode}:\n{proc.stderr}"
+    return proc.stdout
+
+
+def tensorboard_scalars(logdir: Path) -> dict[str, list[tuple[int, float]]]:
+    accumulator = pytest.importorskip("tensorboard.backend.event_processing.event_accumulator")
+    acc = accumulator.EventAccumulator(str(logdir))
+    acc.Reload()
+    return {tag: [(ev.step, ev.value) for ev in acc.Scalars(tag)] for tag in acc.Tags()["scalars"]}
+
+
+def test_training_loop_records_every_sample_to_jsonl_and_tensorboard(tmp_path: Path) -> None:
+    pytest.importorskip("tensorboardX")
+    logdir = tmp_path / "run"
+    out = run_example(
+        "training_loop.py",
+        "--logdir",
+        str(logdir),
+        "--epochs",
+        "2",
+        "--steps",
+        "60",
+        "--window-ms",
+        "50",
+        cwd=tmp_path,
+    )
+
+    events = list(torchmon.read_jsonl(logdir / "events.jsonl"))
+    epochs = [e.data for e in events if e.name == "train.epoch_end"]
+    assert [d["epoch"] for d in epochs] == [1, 2]
+    assert all(d["steps"] == 60 for d in epochs)
+    windows = [e.data for e in events if e.name == torchmon.STAT_EVENT]
+    loss = [w for w in windows if "train.loss.count" in w]
+    samples = [w for w in windows if "train.sample_loss.count" in w]
+    # The open windows are emitted when the Stats are dropped: nothing is lost.
+    assert sum(w["train.loss.count"] for w in loss) == 120
+    assert sum(w["train.sample_loss.count"] for w in samples) == 120 * 16
+    for w in loss:
+        assert w["train.loss.min"] <= w["train.loss.mean"] <= w["train.loss.max"]
+    assert "train.loss samples over all windows: 120" in out
+
+    scalars = tensorboard_scalars(logdir)
+    # TensorBoard stores scalars as float32.
+    assert [v for _, v in scalars["train.loss.mean"]] == pytest.approx(
+        [w["train.loss.mean"] for w in loss], rel=1e-6
+    )
+    assert [step for step, _ in scalars["train.epoch_end/loss"]] == [1, 2]
+    assert [v for _, v in scalars["train.epoch_end/loss"]] == pytest.approx(
+        [d["loss"] for d in epochs], rel=1e-6
+    )
+
+
+def test_training_loop_refuses_a_non_empty_logdir(tmp_path: Path) -> None:
+    (tmp_path / "old.txt").write_text("keep me")
+    proc = subprocess.run(
+        [sys.executable, str(EXAMPLES / "training_loop.py"), "--logdir", str(tmp_path)],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        stdin=subprocess.DEVNULL,
+    )
+    assert proc.returncode == 2
+    assert "not empty" in proc.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["old.txt"]
+
+
+_SAMPLE = re.compile(r"^(trainer_train_loss_\w+)\{([^}]*)\} (\S+)$")
+
+
+def test_multinode_prometheus_serves_gauges_with_the_rank_label(tmp_path: Path) -> None:
+    pytest.importorskip("prometheus_client")
+    out = run_example("multinode_prometheus.py", "--rank", "3", "--job", "pretrain", cwd=tmp_path)
+
+    samples = {}
+    for line in out.splitlines():
+        match = _SAMPLE.match(line)
+        if match:
+            name, labels, value = match.groups()
+            samples[name] = (set(labels.split(",")), float(value))
+    assert set(samples) == {
+        "trainer_train_loss_mean",
+        "trainer_train_loss_max",
+        "trainer_train_loss_count",
+    }
+    for labels, _ in samples.values():
+        assert labels == {'job="pretrain"', 'rank="3"'}
+    # The values of one window of uniform(0.5, 1.5) samples.
+    mean, top, count = (samples[f"trainer_train_loss_{a}"][1] for a in ("mean", "max", "count"))
+    assert count >= 1 and count == int(count)
+    assert 0.5 <= mean <= top <= 1.5
+
+
+def test_otel_in_memory_prints_the_last_window_on_gauges(tmp_path: Path) -> None:
+    pytest.importorskip("opentelemetry.sdk.metrics")
+    out = run_example("otel_in_memory.py", cwd=tmp_path)
+
+    assert f"scope torchmon {torchmon.__version__}" in out.splitlines()
+    points = {}
+    for line in out.splitlines():
+        match = re.match(r"^(train\.loss\.\w+) \{([^}]*)\} (\S+)$", line)
+        if match:
+            points[match.group(1)] = (match.group(2), float(match.group(3)))
+    assert set(points) == {f"train.loss.{a}" for a in ("mean", "min", "max", "count")}
+    assert {attrs for attrs, _ in points.values()} == {"job=example,rank=0"}
+    low, mean, high = (points[f"train.loss.{a}"][1] for a in ("min", "mean", "max"))
+    count = points["train.loss.count"][1]
+    assert count >= 1 and count == int(count)
+    assert 0.5 <= low <= mean <= high <= 1.5
+
+
+def test_quickstart_runs_and_reports_its_epochs(tmp_path: Path) -> None:
+    out = run_example(
+        "quickstart.py",
+        "--logdir",
+        str(tmp_path / "runs"),
+        "--epochs",
+        "2",
+        "--steps",
+        "50",
+        cwd=tmp_path,
+    )
+    assert "100 steps" in out
+    epoch_rows = [line.split() for line in out.splitlines() if re.match(r"^\s+[01] ", line)]
+    assert [row[0] for row in epoch_rows] == ["0", "1"]
