@@ -280,7 +280,10 @@ fn check_name_type(value: &Bound<'_, PyAny>) -> PyResult<()> {
 #[pymethods]
 impl Stat {
     #[new]
-    #[pyo3(signature = (name, aggregations, window_size, max_samples = MaxSamplesArg(None)))]
+    #[pyo3(
+        signature = (name, aggregations, window_size, max_samples = MaxSamplesArg(None)),
+        text_signature = "(name, aggregations, window_size, max_samples=9223372036854775807)"
+    )]
     fn new(
         py: Python<'_>,
         name: &Bound<'_, PyAny>,
