@@ -19,7 +19,6 @@ from datetime import datetime, timedelta
 from typing import Any
 
 import pytest
-from support import run_python
 
 import torchmon
 from torchmon import SUM, Event, Stat
@@ -217,12 +216,17 @@ def test_handler_refcount_restored_after_dispatch_and_unregister() -> None:
     registered = sys.getrefcount(handler)
     assert registered > before  # the registry holds it
     e = Event("rc", TS, {})
-    with ManualClock(0):
+    calls: list[Event] = []
+    h2 = torchmon.register_event_handler(calls.append)
+    with ManualClock(0) as clock:
         stat = Stat("rc", [SUM], timedelta(seconds=1), 1)
         for _ in range(1000):
             torchmon.log_event(e)
-            stat.add(1.0)
+            stat.add(1.0)  # max_samples=1: every add closes a window and dispatches
+            clock.advance(1000)
         del stat
+    torchmon.unregister_event_handler(h2)
+    assert len(calls) == 2000
     assert sys.getrefcount(handler) == registered
     torchmon.unregister_event_handler(h)
     assert sys.getrefcount(handler) == before
@@ -253,10 +257,10 @@ def test_handler_is_freed_after_unregister(kind: str, no_unraisable: list[Any]) 
     ref = weakref.ref(sink)
     callback = sink.method if kind.endswith("bound-method") else sink
     gc.disable()
+    h = torchmon.register_event_handler(callback)
     try:
-        h = torchmon.register_event_handler(callback)
         e = Event("life", TS, {"x": 1.5})
-        with ManualClock(0):
+        with ManualClock(0) as clock:
             stat = Stat("life", [SUM], timedelta(seconds=1), 1)
             for _ in range(10):
                 try:
@@ -264,9 +268,10 @@ def test_handler_is_freed_after_unregister(kind: str, no_unraisable: list[Any]) 
                 except Boom:
                     pass
                 try:
-                    stat.add(1.0)
+                    stat.add(1.0)  # max_samples=1: closes a window, dispatches
                 except Boom:
                     pass
+                clock.advance(1000)
             del stat
         assert sink.n == 20
         del sink, callback
@@ -274,6 +279,7 @@ def test_handler_is_freed_after_unregister(kind: str, no_unraisable: list[Any]) 
         torchmon.unregister_event_handler(h)
         assert ref() is None
     finally:
+        torchmon.unregister_event_handler(h)  # no-op when the test got that far
         gc.enable()
     assert no_unraisable == []
 
