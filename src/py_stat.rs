@@ -41,7 +41,7 @@ static NEXT_LIVE_ID: AtomicU64 = AtomicU64::new(0);
 /// finalizing interpreter.
 static AT_EXIT: AtomicBool = AtomicBool::new(false);
 
-fn stat_event_name(py: Python<'_>) -> &Bound<'_, PyString> {
+pub fn stat_event_name(py: Python<'_>) -> &Bound<'_, PyString> {
     static NAME: PyOnceLock<Py<PyString>> = PyOnceLock::new();
     NAME.get_or_init(py, || PyString::intern(py, STAT_EVENT).unbind())
         .bind(py)
@@ -214,8 +214,8 @@ fn max_samples_arg(value: &Bound<'_, PyAny>) -> PyResult<i64> {
         value.clone()
     } else {
         value
-            .call_method0(pyo3::intern!(py, "__index__"))
-            .or_else(|_| value.call_method0(pyo3::intern!(py, "__int__")))
+            .call_method0(crate::py_convert::INDEX.get(py))
+            .or_else(|_| value.call_method0(crate::py_convert::INT.get(py)))
             .map_err(|_| type_error())?
     };
     integer.extract::<i64>().map_err(|_| {
@@ -404,6 +404,12 @@ pub fn _flush_all_stats(py: Python<'_>) {
         stat.flush_unraisable(py, "flushing its window at interpreter exit");
     }
     AT_EXIT.store(true, Ordering::Release);
+}
+
+/// Fills this module's lazy cells at import (see `py_convert::init_lazy`).
+pub fn init_lazy(py: Python<'_>) {
+    stat_event_name(py);
+    LazyLock::force(&LIVE);
 }
 
 /// For tests: how many Stats are alive.

@@ -269,3 +269,115 @@ m.unregister_event_handler(handle)
     assert out["parent_open"] == 3
     assert out["parent_get"] == 0.0
     assert out["parent_handlers"] == 1
+
+
+def test_child_can_use_an_inherited_jsonl_handler_whose_lock_a_parent_thread_held(
+    tmp_path: Any,
+) -> None:
+    """A parent thread logs through a JsonlEventHandler in a tight loop; the
+    handler holds its lock across ``write`` (which releases the GIL), so most
+    forks happen while it is held. Before torchmon._forksafe, 19 of 20 children
+    hung on that lock in their first log_event."""
+    out = run_parent(
+        f"""
+path = os.path.join({str(tmp_path)!r}, "events.jsonl")
+sink = m.JsonlEventHandler(path)
+handle = m.register_event_handler(sink)
+spinning = threading.Event()
+
+def spam():
+    e = m.Event("parent", TS, {{"a": 1}})
+    while not stop.is_set():
+        m.log_event(e)
+        spinning.set()
+
+t = threading.Thread(target=spam, daemon=True)
+t.start()
+assert spinning.wait(30)
+hung, codes = 0, []
+for k in range(20):
+    pid = os.fork()
+    if pid == 0:
+        signal.alarm(int(CHILD_TIMEOUT) + 5)
+        m.log_event(m.Event("child%d" % k, TS, {{}}))
+        os._exit(0)
+    code = wait_child(pid, timeout=5)
+    hung += code is None
+    codes.append(code)
+stop.set()
+t.join(30)
+m.unregister_event_handler(handle)
+sink.close()
+names = {{e.name for e in m.read_jsonl(path)}}
+print(json.dumps({{"hung": hung, "codes": codes,
+                   "child_lines": sorted(n for n in names if n.startswith("child"))}}))
+""",
+    )
+    assert out["hung"] == 0
+    assert out["codes"] == [0] * 20
+    # every child wrote its line through the inherited handler
+    assert out["child_lines"] == sorted(f"child{k}" for k in range(20))
+
+
+def test_no_lazy_lookup_after_import_a_fork_cannot_strand_one(tmp_path: Any) -> None:
+    """torchmon fills every lazily initialised cell when it is imported. A cell
+    that one thread is initialising when another forks stays "being initialised"
+    in the child for ever (its first use there hung). Here a thread is held
+    inside what was the lazy lookup of ``collections.abc.Mapping`` (the first
+    Event built from a non-dict mapping) while the main thread forks; and
+    every module the bindings look things up in is replaced by one that fails,
+    after import, to show that no lookup is left for later."""
+    out = run_parent(
+        """
+import collections.abc, types
+real = {name: sys.modules[name] for name in ("collections.abc", "datetime")}
+entered, release = threading.Event(), threading.Event()
+
+class Held(types.ModuleType):
+    def __getattr__(self, name):
+        entered.set()
+        release.wait(5)
+        return getattr(real[self.__name__], name)
+
+class Mapping(collections.abc.Mapping):
+    def __getitem__(self, key):
+        return {"a": 1}[key]
+    def __iter__(self):
+        return iter(["a"])
+    def __len__(self):
+        return 1
+
+class Hostile(types.ModuleType):
+    def __getattr__(self, name):
+        raise AssertionError("torchmon looked up %s.%s after import" % (self.__name__, name))
+
+m.Event("warm-up", TS, {})  # PyO3's datetime C-API pointer: an atomic, set on first use
+sys.modules["collections.abc"] = Held("collections.abc")
+t = threading.Thread(target=lambda: m.Event("e", TS, Mapping()))
+t.start()
+held = entered.wait(0.5)
+pid = os.fork()
+if pid == 0:
+    signal.alarm(int(CHILD_TIMEOUT) + 5)
+    for name in real:
+        sys.modules[name] = Hostile(name)
+    try:
+        got = []
+        h = m.register_event_handler(got.append)
+        m.log_event(m.Event("child", TS, Mapping()))
+        s = m.Stat("s", [m.COUNT], dt.timedelta(seconds=1), 1)
+        s.add(1.0)          # a Stat event: its timestamp is datetime.now()
+        repr(s)             # shows the window as a timedelta
+        m.unregister_event_handler(h)
+        code = 0 if [e.name for e in got] == ["child", m.STAT_EVENT] else 4
+    except BaseException:
+        code = 3
+    os._exit(code)
+release.set()
+t.join(30)
+sys.modules.update(real)
+print(json.dumps({"held": held, "code": wait_child(pid, timeout=10)}))
+""",
+    )
+    assert out["held"] is False, "the Mapping lookup happened after import"
+    assert out["code"] == 0
