@@ -553,7 +553,10 @@ fn add_iterable(core: &CoreStat, values: &Bound<'_, PyAny>) -> PyResult<Closed> 
             type_name(values)
         ))
     })?;
-    let mut samples = Vec::with_capacity(values.len().unwrap_or(0));
+    // `len()` is only a hint: a hostile `__len__` (10**12) would make the
+    // reservation abort the process (tests/test_hostile_input.py).
+    const RESERVE_AT_MOST: usize = 1 << 16;
+    let mut samples = Vec::with_capacity(values.len().unwrap_or(0).min(RESERVE_AT_MOST));
     for (index, value) in iterator.enumerate() {
         let value = value?;
         let converted = sample(&value).map_err(|cause| {
