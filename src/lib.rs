@@ -39,6 +39,12 @@ mod _core {
     #[pymodule_init]
     fn init(m: &Bound<'_, PyModule>) -> PyResult<()> {
         m.add("STAT_EVENT", crate::py_stat::STAT_EVENT)?;
+        // Every lazily initialised cell is filled now (py_convert::init_lazy).
+        let py = m.py();
+        crate::py_convert::init_lazy(py)?;
+        crate::py_event::mapping_abc(py)?;
+        crate::py_registry::init_lazy(py);
+        crate::py_stat::init_lazy(py);
         crate::py_fast::install(m)?;
         Ok(())
     }

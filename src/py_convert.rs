@@ -3,7 +3,7 @@
 
 use pyo3::exceptions::{PyRuntimeError, PyTypeError, PyValueError};
 use pyo3::prelude::*;
-use pyo3::sync::PyOnceLock;
+use pyo3::sync::{Interned, PyOnceLock};
 use pyo3::types::{PyBool, PyByteArray, PyBytes, PyFloat, PyInt, PyString, PyType};
 
 pub fn type_name(obj: &Bound<'_, PyAny>) -> String {
@@ -87,22 +87,20 @@ fn numpy_kind(value: &Bound<'_, PyAny>) -> Option<char> {
         return None;
     }
     let kind = value
-        .getattr(pyo3::intern!(py, "dtype"))
+        .getattr(DTYPE.get(py))
         .ok()?
-        .getattr(pyo3::intern!(py, "kind"))
+        .getattr(KIND.get(py))
         .ok()?;
     kind.extract::<String>().ok()?.chars().next()
 }
 
 fn int64_value<'py>(value: &Bound<'py, PyAny>, what: &str) -> PyResult<Bound<'py, PyAny>> {
     let py = value.py();
-    let index = value
-        .call_method0(pyo3::intern!(py, "__index__"))
-        .map_err(|err| {
-            let new_err = PyTypeError::new_err(format!("{what}: cannot read the integer"));
-            new_err.set_cause(py, Some(err));
-            new_err
-        })?;
+    let index = value.call_method0(INDEX.get(py)).map_err(|err| {
+        let new_err = PyTypeError::new_err(format!("{what}: cannot read the integer"));
+        new_err.set_cause(py, Some(err));
+        new_err
+    })?;
     match index.extract::<i64>() {
         Ok(v) => Ok(v.into_pyobject(py)?.into_any()),
         Err(_) => Err(PyValueError::new_err(format!(
@@ -220,6 +218,10 @@ fn not_a_number(value: &Bound<'_, PyAny>, cause: Option<PyErr>) -> PyErr {
 
 /// `datetime.datetime.now` (naive local time), looked up once.
 pub fn datetime_now(py: Python<'_>) -> PyResult<Bound<'_, PyAny>> {
+    now_function(py)?.call0()
+}
+
+fn now_function(py: Python<'_>) -> PyResult<&Bound<'_, PyAny>> {
     static NOW: PyOnceLock<Py<PyAny>> = PyOnceLock::new();
     NOW.get_or_try_init(py, || -> PyResult<Py<PyAny>> {
         Ok(py
@@ -227,9 +229,31 @@ pub fn datetime_now(py: Python<'_>) -> PyResult<Bound<'_, PyAny>> {
             .getattr("datetime")?
             .getattr("now")?
             .unbind())
-    })?
-    .bind(py)
-    .call0()
+    })
+    .map(|now| now.bind(py))
+}
+
+/// Attribute names the bindings look up, interned once (see `init_lazy`).
+pub static DTYPE: Interned = Interned::new("dtype");
+pub static KIND: Interned = Interned::new("kind");
+pub static INDEX: Interned = Interned::new("__index__");
+pub static INT: Interned = Interned::new("__int__");
+pub static COMBINE: Interned = Interned::new("combine");
+pub static ITEMS: Interned = Interned::new("items");
+
+/// Fills this module's lazily initialised cells; called when the module is
+/// imported. A cell is initialised with the GIL released at one point (PyO3
+/// detaches before it waits for a concurrent initialiser) and Python code may
+/// run meanwhile: a thread that forks then leaves the cell "being
+/// initialised" in the child for ever, and the child's first use of it hangs
+/// (docs/reliability.md, "fork").
+pub fn init_lazy(py: Python<'_>) -> PyResult<()> {
+    for name in [&DTYPE, &KIND, &INDEX, &INT, &COMBINE, &ITEMS] {
+        name.get(py);
+    }
+    now_function(py)?;
+    timedelta_type(py)?;
+    Ok(())
 }
 
 /// The `datetime.timedelta` type, looked up once.

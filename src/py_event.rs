@@ -28,7 +28,7 @@ pub struct Event {
     data: GilCell<Py<PyDict>>,
 }
 
-fn mapping_abc(py: Python<'_>) -> PyResult<&Bound<'_, PyType>> {
+pub fn mapping_abc(py: Python<'_>) -> PyResult<&Bound<'_, PyType>> {
     static MAPPING: PyOnceLock<Py<PyType>> = PyOnceLock::new();
     MAPPING.import(py, "collections.abc", "Mapping")
 }
@@ -60,10 +60,10 @@ fn event_timestamp<'py>(value: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyAny>
     if value.is_instance_of::<pyo3::types::PyTime>() {
         // torch reads a time of day as that time on 1970-01-01.
         let epoch_day = PyDate::new(value.py(), 1970, 1, 1)?;
-        return value
-            .py()
-            .get_type::<PyDateTime>()
-            .call_method1(pyo3::intern!(value.py(), "combine"), (epoch_day, value));
+        return value.py().get_type::<PyDateTime>().call_method1(
+            crate::py_convert::COMBINE.get(value.py()),
+            (epoch_day, value),
+        );
     }
     Err(PyTypeError::new_err(format!(
         "Event timestamp must be a datetime.datetime, not {}",
@@ -99,7 +99,10 @@ pub fn event_data<'py>(value: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyDict>
             put(&key, &item)?;
         }
     } else if value.is_instance(mapping_abc(py)?)? {
-        for pair in value.call_method0(pyo3::intern!(py, "items"))?.try_iter()? {
+        for pair in value
+            .call_method0(crate::py_convert::ITEMS.get(py))?
+            .try_iter()?
+        {
             let pair = pair?;
             let (key, item): (Bound<'py, PyAny>, Bound<'py, PyAny>) = pair.extract()?;
             put(&key, &item)?;

@@ -42,6 +42,15 @@ pub struct Handlers {
     list: Snapshot<Py<PyAny>>,
 }
 
+/// Creates the dispatch entries' type at import rather than at the first
+/// registration (see `py_convert::init_lazy`).
+pub fn init_lazy(py: Python<'_>) {
+    #[cfg(not(Py_GIL_DISABLED))]
+    py.get_type::<DispatchEntry>();
+    #[cfg(Py_GIL_DISABLED)]
+    let _ = py;
+}
+
 /// The handlers registered now (`None`: there are none).
 #[inline]
 pub fn current_handlers(py: Python<'_>) -> Option<Handlers> {

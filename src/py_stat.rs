@@ -41,7 +41,7 @@ static NEXT_LIVE_ID: AtomicU64 = AtomicU64::new(0);
 /// finalizing interpreter.
 static AT_EXIT: AtomicBool = AtomicBool::new(false);
 
-fn stat_event_name(py: Python<'_>) -> &Bound<'_, PyString> {
+pub fn stat_event_name(py: Python<'_>) -> &Bound<'_, PyString> {
     static NAME: PyOnceLock<Py<PyString>> = PyOnceLock::new();
     NAME.get_or_init(py, || PyString::intern(py, STAT_EVENT).unbind())
         .bind(py)
@@ -214,8 +214,8 @@ fn max_samples_arg(value: &Bound<'_, PyAny>) -> PyResult<i64> {
         value.clone()
     } else {
         value
-            .call_method0(pyo3::intern!(py, "__index__"))
-            .or_else(|_| value.call_method0(pyo3::intern!(py, "__int__")))
+            .call_method0(crate::py_convert::INDEX.get(py))
+            .or_else(|_| value.call_method0(crate::py_convert::INT.get(py)))
             .map_err(|_| type_error())?
     };
     integer.extract::<i64>().map_err(|_| {
@@ -409,6 +409,12 @@ pub fn _flush_all_stats(py: Python<'_>) {
     AT_EXIT.store(true, Ordering::Release);
 }
 
+/// Fills this module's lazy cells at import (see `py_convert::init_lazy`).
+pub fn init_lazy(py: Python<'_>) {
+    stat_event_name(py);
+    LazyLock::force(&LIVE);
+}
+
 /// For tests: how many Stats are alive.
 #[pyfunction]
 pub fn _live_stat_count() -> usize {
@@ -550,7 +556,10 @@ fn add_iterable(core: &CoreStat, values: &Bound<'_, PyAny>) -> PyResult<Closed> 
             type_name(values)
         ))
     })?;
-    let mut samples = Vec::with_capacity(values.len().unwrap_or(0));
+    // `len()` is only a hint: a hostile `__len__` (10**12) would make the
+    // reservation abort the process (tests/test_hostile_input.py).
+    const RESERVE_AT_MOST: usize = 1 << 16;
+    let mut samples = Vec::with_capacity(values.len().unwrap_or(0).min(RESERVE_AT_MOST));
     for (index, value) in iterator.enumerate() {
         let value = value?;
         let converted = sample(&value).map_err(|cause| {

@@ -13,7 +13,6 @@ from __future__ import annotations
 import functools
 import inspect
 import math
-import threading
 import time
 from collections.abc import Callable
 from datetime import timedelta
@@ -21,6 +20,7 @@ from types import TracebackType
 from typing import Any, TypeVar, Union, cast
 
 from ._core import Aggregation, Stat
+from ._forksafe import new_lock
 
 __all__ = ["WaitCounter", "_WaitCounter", "_WaitCounterTracker"]
 
@@ -33,7 +33,7 @@ _MS = timedelta(milliseconds=1)
 # counter's windows outlive its WaitCounter objects (the open one is emitted
 # at interpreter exit).
 _counters: dict[str, tuple[int, Stat]] = {}
-_counters_lock = threading.Lock()
+_counters_lock = new_lock()
 
 _F = TypeVar("_F", bound=Callable[..., Any])
 _Text = Union[str, bytes, bytearray]

@@ -47,11 +47,12 @@ from types import TracebackType
 from typing import Any
 
 from ._core import Event, log_event
+from ._forksafe import new_lock
 
 __all__ = ["TorchBridge", "forward_from_torch"]
 
 _state = threading.local()  # .depth: how many forwarding calls this thread is inside
-_pending_lock = threading.Lock()
+_pending_lock = new_lock()
 _pending_unregister: list[Any] = []  # torch handles to unregister outside of dispatch
 
 
@@ -138,7 +139,7 @@ class TorchBridge:
         self._monitor = monitor
         self._forwarder = forwarder
         self._handle: Any = handle
-        self._lock = threading.Lock()
+        self._lock = new_lock()
 
     @property
     def closed(self) -> bool:

@@ -31,13 +31,13 @@ import json
 import math
 import os
 import re
-import threading
 from collections.abc import Iterator
 from datetime import datetime, timedelta, timezone
 from types import TracebackType
 from typing import Any, BinaryIO
 
 from .._core import Event
+from .._forksafe import new_lock
 
 __all__ = ["FLOAT_TAG", "JsonlEventHandler", "read_jsonl"]
 
@@ -141,7 +141,7 @@ class JsonlEventHandler:
             raise ValueError(f"JsonlEventHandler(backup_count): must be >= 0, got {backup_count}")
         self._max_bytes = max_bytes
         self._backup_count = backup_count
-        self._lock = threading.Lock()
+        self._lock = new_lock()
         self._file: BinaryIO | None = self._open()
         self._size = os.fstat(self._file.fileno()).st_size
 

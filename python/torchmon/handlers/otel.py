@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import math
 import re
-import threading
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Union
 
 from .._core import STAT_EVENT, Event
+from .._forksafe import new_lock
 
 if TYPE_CHECKING:
     from opentelemetry.metrics import Meter, MeterProvider
@@ -141,7 +141,7 @@ class OpenTelemetryEventHandler:
         self._meter = meter
         self._gauges: dict[str, Gauge] = {}  # lower-cased instrument name -> gauge
         self._sources: dict[str, str] = {}  # lower-cased instrument name -> data key
-        self._lock = threading.Lock()
+        self._lock = new_lock()
 
     def _gauge(self, key: str) -> Gauge:
         """The gauge for a data key, created on first sight."""

@@ -7,12 +7,12 @@
 from __future__ import annotations
 
 import re
-import threading
 from collections.abc import Mapping
 from types import TracebackType
 from typing import TYPE_CHECKING
 
 from .._core import STAT_EVENT, Event
+from .._forksafe import new_lock
 
 if TYPE_CHECKING:
     from prometheus_client import CollectorRegistry, Gauge
@@ -145,7 +145,7 @@ class PrometheusEventHandler:
         self._gauges: dict[str, Gauge] = {}  # metric name -> the gauge
         self._children: dict[str, Gauge] = {}  # metric name -> what to set (labelled)
         self._sources: dict[str, str] = {}  # metric name -> the data key it was made for
-        self._lock = threading.Lock()
+        self._lock = new_lock()
         self._closed = False
 
     @property

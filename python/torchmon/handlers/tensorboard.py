@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-import threading
 from typing import Any, Protocol
 
 from .._core import STAT_EVENT, Event
+from .._forksafe import new_lock
 
 
 class _ScalarWriter(Protocol):
@@ -71,7 +71,7 @@ class TensorboardEventHandler:
         self._other_events = other_events
         self._step_field = step_field
         self._ordinals: dict[str, int] = {}
-        self._lock = threading.Lock()
+        self._lock = new_lock()
 
     def __call__(self, event: Event) -> None:
         name = event.name

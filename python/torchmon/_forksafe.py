@@ -1,0 +1,40 @@
+"""Locks that a forked child can use even if a parent thread held them at the fork.
+
+A thread that holds a ``threading.Lock`` when another thread calls ``os.fork()``
+does not exist in the child, so the child's copy of the lock stays held for
+ever: the first handler call that takes it hangs the child. (The JSON lines
+handler holds its lock across ``write``, which releases the GIL, so a fork
+from another thread finds it held most of the time.) Every lock made by
+:func:`new_lock` is released in the child right after the fork; the state it
+protects is as the parent thread left it at that instant (for the sinks here:
+at most one record half written or a counter one behind).
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import weakref
+
+__all__ = ["new_lock"]
+
+_locks: weakref.WeakSet[threading.Lock] = weakref.WeakSet()
+
+
+def new_lock() -> threading.Lock:
+    """A ``threading.Lock`` that is released in a forked child."""
+    lock = threading.Lock()
+    _locks.add(lock)
+    return lock
+
+
+def _release_in_child() -> None:
+    # Only the forking thread exists here, so nobody else can hold or take
+    # these locks meanwhile; a plain Lock may be released by any thread.
+    for lock in list(_locks):
+        if lock.locked():
+            lock.release()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_release_in_child)
