@@ -484,3 +484,26 @@ print(os.waitstatus_to_exitcode(status), os.getpid(), pid)
         parent: ["parent-held", "parent-queued", "parent-after"],
         child: ["child"],
     }
+
+
+def test_block_mode_handler_logging_to_its_own_full_queue_drops_instead_of_hanging():
+    # In a subprocess: were it to wait for itself, only the timeout would end it.
+    code = """
+import datetime, torchmon
+holder = []
+def reentrant(e):
+    if e.data["i"] == 0:
+        for i in (1, 2):
+            holder[0](torchmon.Event("again", datetime.datetime.now(), {"i": i}))
+ah = torchmon.AsyncEventHandler(reentrant, maxsize=1, on_full="block")
+holder.append(ah)
+ah(torchmon.Event("first", datetime.datetime.now(), {"i": 0}))
+print(ah.flush(20), ah.dropped)
+ah.close()
+"""
+    try:
+        proc = run_python(code, timeout=60)
+    except subprocess.TimeoutExpired:
+        pytest.fail("the handler waited for itself")
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split() == ["True", "2"]
