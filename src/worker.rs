@@ -21,10 +21,6 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering::SeqCst};
 use std::thread::{JoinHandle, ThreadId};
 use std::time::{Duration, Instant};
 
-/// Items taken from the channel per `Sink::handle` call: one attach to
-/// Python is shared by up to this many, without delaying a flush marker.
-const BATCH: usize = 64;
-
 /// What the worker does after a `Sink::handle` call.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Flow {
@@ -37,7 +33,8 @@ pub enum Flow {
 /// The code the worker runs for the items.
 pub trait Sink<T>: Send + 'static {
     /// Handles `items` in order. An item counts as handled once the next one
-    /// is asked for, or `items` is left; items not taken count as dropped.
+    /// is asked for, or `items` is left; a sink that stops before taking the
+    /// first one has it counted as dropped.
     fn handle(&mut self, items: &mut dyn Iterator<Item = T>) -> Flow;
 }
 
@@ -131,9 +128,15 @@ impl State {
     }
 }
 
-/// The items of one batch; each counts as handled when the next is taken.
+/// The items the sink takes in one `handle` call: the first one received,
+/// then whatever the channel holds, until it is empty. Each counts as
+/// handled when the next is taken. Flush markers met on the way are
+/// answered at once (everything before them was handled); `Stop` ends the
+/// run and is left for the worker loop.
 struct Batch<'a, T> {
-    items: std::vec::Drain<'a, T>,
+    first: Option<T>,
+    rx: &'a Receiver<Msg<T>>,
+    stop: &'a mut bool,
     state: &'a State,
     in_hand: bool,
 }
@@ -152,7 +155,20 @@ impl<T> Iterator for Batch<'_, T> {
 
     fn next(&mut self) -> Option<T> {
         self.finish_in_hand();
-        let item = self.items.next();
+        let item = match self.first.take() {
+            Some(item) => Some(item),
+            None => loop {
+                if *self.stop {
+                    break None;
+                }
+                match self.rx.try_recv() {
+                    Ok(Msg::Item(item)) => break Some(item),
+                    Ok(Msg::Flush(token)) => token.0.set(true),
+                    Ok(Msg::Stop) => *self.stop = true,
+                    Err(_) => break None,
+                }
+            },
+        };
         self.in_hand = item.is_some();
         item
     }
@@ -161,10 +177,10 @@ impl<T> Iterator for Batch<'_, T> {
 impl<T> Drop for Batch<'_, T> {
     fn drop(&mut self) {
         self.finish_in_hand();
-        let left = self.items.by_ref().count();
-        if left > 0 {
-            self.state.dropped.fetch_add(left as u64, SeqCst);
-            self.state.release(left);
+        if let Some(item) = self.first.take() {
+            drop(item);
+            self.state.dropped.fetch_add(1, SeqCst);
+            self.state.release(1);
         }
     }
 }
@@ -437,52 +453,37 @@ impl<T: Send + 'static> Worker<T> {
 }
 
 fn run<T: Send + 'static>(rx: Receiver<Msg<T>>, state: &State, mut sink: impl Sink<T>) {
-    let mut batch: Vec<T> = Vec::with_capacity(BATCH);
-    let mut next: Option<Msg<T>> = None;
-    loop {
-        let msg = match next.take() {
-            Some(msg) => msg,
-            None => match rx.recv() {
-                Ok(msg) => msg,
-                // Every sender is gone: the owner was dropped.
-                Err(_) => break,
-            },
-        };
-        match msg {
-            Msg::Stop => break,
-            Msg::Flush(token) => token.0.set(true),
-            Msg::Item(item) => {
-                batch.push(item);
-                while batch.len() < BATCH {
-                    match rx.try_recv() {
-                        Ok(Msg::Item(item)) => batch.push(item),
-                        Ok(other) => {
-                            next = Some(other);
-                            break;
-                        }
-                        Err(_) => break,
-                    }
-                }
-                let mut items = Batch {
-                    items: batch.drain(..),
-                    state,
-                    in_hand: false,
-                };
-                // A panicking sink must not leave items pending for ever.
-                let flow = catch_unwind(AssertUnwindSafe(|| sink.handle(&mut items)))
-                    .unwrap_or(Flow::Stop);
-                drop(items);
-                if flow == Flow::Stop {
-                    state.closed.store(true, SeqCst);
-                    break;
-                }
+    let mut stop = false;
+    while !stop {
+        let first = match rx.recv() {
+            Ok(Msg::Item(item)) => item,
+            Ok(Msg::Flush(token)) => {
+                token.0.set(true);
+                continue;
             }
+            // `Err`: every sender is gone (the owner was dropped).
+            Ok(Msg::Stop) | Err(_) => break,
+        };
+        // One `handle` call (one attach to Python) drains everything the
+        // channel holds: a producer that holds the GIL cannot add more
+        // meanwhile, so a per-call limit would only add a GIL hand-off, which
+        // costs the producer a switch interval, per limit's worth of items.
+        let mut items = Batch {
+            first: Some(first),
+            rx: &rx,
+            stop: &mut stop,
+            state,
+            in_hand: false,
+        };
+        // A panicking sink must not leave items pending for ever.
+        let flow = catch_unwind(AssertUnwindSafe(|| sink.handle(&mut items))).unwrap_or(Flow::Stop);
+        drop(items);
+        if flow == Flow::Stop {
+            state.closed.store(true, SeqCst);
+            break;
         }
     }
     // Whatever is left was accepted but will not be handled.
-    if let Some(msg) = next.take() {
-        discard(state, msg);
-    }
     while let Ok(msg) = rx.try_recv() {
         discard(state, msg);
     }
