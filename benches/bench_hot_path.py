@@ -36,6 +36,46 @@ def ns_per_op(stmt: str, env: dict[str, Any], number: int, repeat: int) -> float
     return min(timer.repeat(repeat=repeat, number=number)) / number * 1e9
 
 
+def ns_per_op_min_median(
+    stmt: str, env: dict[str, Any], number: int, repeat: int
+) -> tuple[float, float]:
+    runs = sorted(timeit.Timer(stmt, globals=env).repeat(repeat=repeat, number=number))
+    return runs[0] / number * 1e9, runs[len(runs) // 2] / number * 1e9
+
+
+def measure_async(args: argparse.Namespace) -> dict[str, tuple[float, float, int]]:
+    """Caller-side cost of log_event with one AsyncEventHandler, against the
+    same trivial handler called directly: (min, median) ns per call, and the
+    events the handler dropped (0 unless the worker fell 4M events behind).
+
+    The worker thread drains the queue meanwhile (its GIL hand-offs are part
+    of what the caller pays); each handler is closed after its measurement.
+    """
+    env = environment(torchmon)
+    results = {}
+    for label, on_full in (
+        ("log_event, 1 handler called directly", None),
+        ("log_event, 1 AsyncEventHandler (drop, maxsize 2**22)", "drop"),
+        ("log_event, 1 AsyncEventHandler (block, maxsize 2**22)", "block"),
+    ):
+
+        def trivial(e: Any) -> None:
+            pass
+
+        wrapper = None
+        if on_full is not None:
+            wrapper = torchmon.AsyncEventHandler(trivial, maxsize=1 << 22, on_full=on_full)
+        handle = torchmon.register_event_handler(wrapper or trivial)
+        try:
+            low, median = ns_per_op_min_median("m.log_event(event)", env, args.number, args.repeat)
+        finally:
+            torchmon.unregister_event_handler(handle)
+            if wrapper is not None:
+                wrapper.close()
+        results[label] = (low, median, wrapper.dropped if wrapper is not None else 0)
+    return results
+
+
 def environment(module: Any) -> dict[str, Any]:
     """The objects each statement uses, built from one implementation."""
     agg = module.Aggregation
@@ -133,6 +173,7 @@ def main() -> None:
             "stat5.add(1.5)", env, args.number, args.repeat
         )
 
+    ours_async = measure_async(args)
     ours_many, theirs_many = measure_add_many(args.repeat)
     print(
         f"Python {platform.python_version()}, {platform.machine()}; "
@@ -147,6 +188,11 @@ def main() -> None:
         )
         print(f"| {label} | {value:.1f} | {value / floor:.2f} | {torch_cells} |")
 
+    print("\n| handler on a worker thread (caller side) | min ns | median ns | dropped |")
+    print("| --- | ---: | ---: | ---: |")
+    for label, (low, median, dropped) in ours_async.items():
+        print(f"| {label} | {low:.1f} | {median:.1f} | {dropped} |")
+
     print("\n| batch of 1M contiguous float64 (5 aggregations) | M values/s | ns/value |")
     print("| --- | ---: | ---: |")
     print(f"| torchmon `Stat.add_many(array)` | {1e3 / ours_many:.0f} | {ours_many:.2f} |")
@@ -160,6 +206,7 @@ def main() -> None:
         "fabs_ns": floor,
         "torchmon_ns": ours,
         "torch_monitor_ns": theirs,
+        "async_handler_min_median_dropped": ours_async,
         "add_many_ns_per_value": ours_many,
         "loops_ns_per_value": theirs_many,
     }

@@ -1,14 +1,16 @@
 //! torchmon's native core: torch.monitor's `Stat`, `Event` and handler
 //! registry. The logic lives in PyO3-free modules (`aggregation`, `clock`,
-//! `registry`, `stat`); the `py_*` modules are the thin binding layer.
+//! `registry`, `stat`, `worker`); the `py_*` modules are the thin binding layer.
 #![deny(clippy::undocumented_unsafe_blocks)]
 
 pub mod aggregation;
 pub mod clock;
 pub mod registry;
 pub mod stat;
+pub mod worker;
 
 mod py_aggregation;
+mod py_async;
 mod py_clock;
 mod py_convert;
 mod py_event;
@@ -23,6 +25,10 @@ use pyo3::prelude::*;
 mod _core {
     #[pymodule_export]
     use crate::py_aggregation::PyAggregation;
+    #[pymodule_export]
+    use crate::py_async::{
+        _close_async_handlers_at_exit, _restart_async_handlers_after_fork, AsyncEventHandler,
+    };
     #[pymodule_export]
     use crate::py_clock::{_clock_ms, _clock_override_ms, _set_clock_ms};
     #[pymodule_export]

@@ -126,6 +126,13 @@ impl Event {
         }
     }
 
+    /// A new Event with the same parts. Setters on either replace parts
+    /// rather than change them, and the dict is never handed out, so later
+    /// changes to one never show in the other.
+    pub fn snapshot(&self, py: Python<'_>) -> Self {
+        Event::from_parts(self.name_ref(py), self.timestamp_ref(py), self.data_ref(py))
+    }
+
     fn name_ref(&self, py: Python<'_>) -> Py<PyString> {
         self.name.get(py)
     }

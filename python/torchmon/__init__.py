@@ -7,12 +7,14 @@ unchanged; see docs/compatibility.md for the few deliberate differences.
 from __future__ import annotations
 
 import atexit
+import os
 import threading
 
 from . import _core
 from ._core import (
     STAT_EVENT,
     Aggregation,
+    AsyncEventHandler,
     Event,
     EventHandlerHandle,
     Stat,
@@ -46,6 +48,7 @@ __all__ = [
     "SUM",
     "VALUE",
     "Aggregation",
+    "AsyncEventHandler",
     "Event",
     "EventHandlerHandle",
     "JsonlEventHandler",
@@ -65,23 +68,31 @@ __all__ = [
 
 
 def _install_exit_flush() -> None:
-    """Emit every live Stat's open window before the interpreter shuts down.
+    """Emit every live Stat's open window, then drain every AsyncEventHandler,
+    before the interpreter shuts down.
 
     The flush must run before sinks close themselves at exit (tensorboardX
-    registers an ``atexit`` cleanup per writer, after torchmon was imported).
-    ``atexit`` runs handlers last-registered-first, so the flush is registered
-    from a threading-shutdown hook, which runs after non-daemon threads were
-    asked to finish and before any ``atexit`` handler. A plain ``atexit``
-    registration stays as a fallback; a second flush finds nothing to emit.
+    registers an ``atexit`` cleanup per writer, after torchmon was imported),
+    and the drain after the flush (the windows it emits may go to an
+    AsyncEventHandler) and before those sinks close too. ``atexit`` runs
+    handlers last-registered-first, so both are registered, drain first, from
+    a threading-shutdown hook, which runs after non-daemon threads were asked
+    to finish and before any ``atexit`` handler. Plain ``atexit``
+    registrations, in the same order, stay as a fallback; a second flush or
+    drain finds nothing to do.
     """
-    atexit.register(_core._flush_all_stats)
+
+    def register_in_order() -> None:
+        atexit.register(_core._close_async_handlers_at_exit)
+        atexit.register(_core._flush_all_stats)
+
+    register_in_order()
     register_threading_atexit = getattr(threading, "_register_atexit", None)
     if register_threading_atexit is not None:
-
-        def arm_flush_first() -> None:
-            atexit.register(_core._flush_all_stats)
-
-        register_threading_atexit(arm_flush_first)
+        register_threading_atexit(register_in_order)
+    if hasattr(os, "register_at_fork"):
+        # A forked child has no worker threads: give each handler new ones.
+        os.register_at_fork(after_in_child=_core._restart_async_handlers_after_fork)
 
 
 _install_exit_flush()

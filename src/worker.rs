@@ -1,0 +1,730 @@
+//! A bounded queue drained in order by one background thread, free of PyO3
+//! (generic over the item and the code that handles it).
+//!
+//! The bound is `pending`: items accepted and not yet handled, the one the
+//! worker is handling included, so that at most `capacity` items are ever
+//! held (a channel alone would hold `capacity` plus the one in hand). The
+//! crossbeam channel is only the transport: `pending` keeps items from ever
+//! filling it, and its spare room takes the flush markers.
+//!
+//! Closing is a Dekker handshake on `pending` and `closed`: a producer
+//! counts itself in `pending` before it reads `closed`, and `close` sets
+//! `closed` before it waits for `pending` to reach zero. So every producer
+//! either sees `closed` and takes nothing, or is waited for, and the `Stop`
+//! message is sent after every accepted item.
+
+use crossbeam_channel::{Receiver, SendTimeoutError, Sender, TrySendError};
+use parking_lot::{Condvar, Mutex};
+use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering::SeqCst};
+use std::thread::{JoinHandle, ThreadId};
+use std::time::{Duration, Instant};
+
+/// What the worker does after a `Sink::handle` call.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Flow {
+    Continue,
+    /// The sink cannot run any more (the interpreter is finalizing): the
+    /// worker stops, counting what is left as dropped.
+    Stop,
+}
+
+/// The code the worker runs for the items.
+pub trait Sink<T>: Send + 'static {
+    /// Handles `items` in order. An item counts as handled once the next one
+    /// is asked for, or `items` is left; a sink that stops before taking the
+    /// first one has it counted as dropped.
+    fn handle(&mut self, items: &mut dyn Iterator<Item = T>) -> Flow;
+}
+
+/// The result of offering an item.
+#[derive(Debug)]
+pub enum Pushed<T> {
+    Queued,
+    /// `capacity` items are pending (or, for `push_within`, still were when
+    /// the patience ran out). Not counted as dropped: the caller decides.
+    Full(T),
+    /// The worker was closed (or has stopped).
+    Closed(T),
+}
+
+enum Msg<T> {
+    Item(T),
+    Flush(FlushToken),
+    Stop,
+}
+
+/// Completion of one flush, set by the worker or, should the marker be
+/// discarded unhandled, by the token's drop.
+struct Signal {
+    done: Mutex<Option<bool>>,
+    changed: Condvar,
+}
+
+impl Signal {
+    fn set(&self, value: bool) {
+        let mut done = self.done.lock();
+        if done.is_none() {
+            *done = Some(value);
+            self.changed.notify_all();
+        }
+    }
+}
+
+struct FlushToken(Arc<Signal>);
+
+impl Drop for FlushToken {
+    fn drop(&mut self) {
+        // Marks a marker the worker never reached; a no-op once completed.
+        self.0.set(false);
+    }
+}
+
+struct State {
+    capacity: usize,
+    pending: AtomicUsize,
+    closed: AtomicBool,
+    /// The worker thread has ended (or never existed).
+    stopped: AtomicBool,
+    dropped: AtomicU64,
+    handled: AtomicU64,
+    /// Threads waiting on `changed`, so that `release` takes the lock only
+    /// when someone waits.
+    waiters: AtomicUsize,
+    lock: Mutex<()>,
+    changed: Condvar,
+}
+
+impl State {
+    fn release(&self, n: usize) {
+        self.pending.fetch_sub(n, SeqCst);
+        self.notify();
+    }
+
+    fn notify(&self) {
+        // SeqCst pairs with `wait_until`: a waiter counted itself before it
+        // checked its condition, so either it sees this change or we see it.
+        if self.waiters.load(SeqCst) > 0 {
+            let _guard = self.lock.lock();
+            self.changed.notify_all();
+        }
+    }
+
+    /// Waits until `ready()` or `deadline`; returns `ready()`.
+    fn wait_until(&self, ready: impl Fn() -> bool, deadline: Instant) -> bool {
+        let mut guard = self.lock.lock();
+        self.waiters.fetch_add(1, SeqCst);
+        let result = loop {
+            if ready() {
+                break true;
+            }
+            if self.changed.wait_until(&mut guard, deadline).timed_out() {
+                break ready();
+            }
+        };
+        self.waiters.fetch_sub(1, SeqCst);
+        result
+    }
+}
+
+/// The items the sink takes in one `handle` call: the first one received,
+/// then whatever the channel holds, until it is empty. Each counts as
+/// handled when the next is taken. Flush markers met on the way are
+/// answered at once (everything before them was handled); `Stop` ends the
+/// run and is left for the worker loop.
+struct Batch<'a, T> {
+    first: Option<T>,
+    rx: &'a Receiver<Msg<T>>,
+    stop: &'a mut bool,
+    state: &'a State,
+    in_hand: bool,
+}
+
+impl<T> Batch<'_, T> {
+    fn finish_in_hand(&mut self) {
+        if std::mem::take(&mut self.in_hand) {
+            self.state.handled.fetch_add(1, SeqCst);
+            self.state.release(1);
+        }
+    }
+}
+
+impl<T> Iterator for Batch<'_, T> {
+    type Item = T;
+
+    fn next(&mut self) -> Option<T> {
+        self.finish_in_hand();
+        let item = match self.first.take() {
+            Some(item) => Some(item),
+            None => loop {
+                if *self.stop {
+                    break None;
+                }
+                match self.rx.try_recv() {
+                    Ok(Msg::Item(item)) => break Some(item),
+                    Ok(Msg::Flush(token)) => token.0.set(true),
+                    Ok(Msg::Stop) => *self.stop = true,
+                    Err(_) => break None,
+                }
+            },
+        };
+        self.in_hand = item.is_some();
+        item
+    }
+}
+
+impl<T> Drop for Batch<'_, T> {
+    fn drop(&mut self) {
+        self.finish_in_hand();
+        if let Some(item) = self.first.take() {
+            drop(item);
+            self.state.dropped.fetch_add(1, SeqCst);
+            self.state.release(1);
+        }
+    }
+}
+
+/// A flush in progress: `wait` until the marker comes back.
+pub struct Flush<T> {
+    tx: Option<Sender<Msg<T>>>,
+    marker: Option<Msg<T>>,
+    signal: Arc<Signal>,
+    state: Arc<State>,
+}
+
+impl<T> Flush<T> {
+    /// `Some(true)` once every item accepted before `start_flush` was
+    /// handled, `Some(false)` if the worker stopped before, `None` when
+    /// `deadline` came first (call again to keep waiting).
+    pub fn wait(&mut self, deadline: Instant) -> Option<bool> {
+        if let Some(marker) = self.marker.take() {
+            let Some(tx) = &self.tx else {
+                return Some(self.state.pending.load(SeqCst) == 0);
+            };
+            match tx.send_deadline(marker, deadline) {
+                Ok(()) => {}
+                Err(SendTimeoutError::Timeout(marker)) => {
+                    self.marker = Some(marker);
+                    return None;
+                }
+                Err(SendTimeoutError::Disconnected(marker)) => {
+                    drop(marker);
+                    return Some(self.state.pending.load(SeqCst) == 0);
+                }
+            }
+        }
+        let mut done = self.signal.done.lock();
+        loop {
+            if let Some(result) = *done {
+                return Some(result);
+            }
+            // A marker sent just as the worker ended is never answered.
+            if self.state.stopped.load(SeqCst) {
+                return Some(self.state.pending.load(SeqCst) == 0);
+            }
+            let slice = (Instant::now() + Duration::from_millis(20)).min(deadline);
+            if self.signal.changed.wait_until(&mut done, slice).timed_out()
+                && Instant::now() >= deadline
+            {
+                return *done;
+            }
+        }
+    }
+}
+
+/// The queue and its worker thread.
+pub struct Worker<T: Send + 'static> {
+    tx: Option<Sender<Msg<T>>>,
+    state: Arc<State>,
+    thread: Mutex<Option<JoinHandle<()>>>,
+    thread_id: Option<ThreadId>,
+}
+
+impl<T: Send + 'static> Worker<T> {
+    /// Starts a worker thread named `name` that passes items to `sink`.
+    pub fn spawn(capacity: usize, sink: impl Sink<T>, name: &str) -> std::io::Result<Self> {
+        let capacity = capacity.max(1);
+        let state = Arc::new(Self::new_state(capacity));
+        // Items never fill the channel (`pending` is the bound); the room
+        // beyond `capacity` is for flush markers and `Stop`.
+        let (tx, rx) = crossbeam_channel::bounded(capacity.saturating_add(16));
+        let worker_state = Arc::clone(&state);
+        let thread = std::thread::Builder::new()
+            .name(name.to_owned())
+            .spawn(move || run(rx, &worker_state, sink))?;
+        Ok(Worker {
+            tx: Some(tx),
+            state,
+            thread_id: Some(thread.thread().id()),
+            thread: Mutex::new(Some(thread)),
+        })
+    }
+
+    /// A worker that is closed from the start and has no thread.
+    pub fn closed(capacity: usize) -> Self {
+        let state = Self::new_state(capacity.max(1));
+        state.closed.store(true, SeqCst);
+        state.stopped.store(true, SeqCst);
+        Worker {
+            tx: None,
+            state: Arc::new(state),
+            thread: Mutex::new(None),
+            thread_id: None,
+        }
+    }
+
+    fn new_state(capacity: usize) -> State {
+        State {
+            capacity,
+            pending: AtomicUsize::new(0),
+            closed: AtomicBool::new(false),
+            stopped: AtomicBool::new(false),
+            dropped: AtomicU64::new(0),
+            handled: AtomicU64::new(0),
+            waiters: AtomicUsize::new(0),
+            lock: Mutex::new(()),
+            changed: Condvar::new(),
+        }
+    }
+
+    /// Sends an item already counted in `pending`, after checking `closed`
+    /// (the second half of the handshake with `begin_close`).
+    fn send_admitted(&self, item: T) -> Pushed<T> {
+        let tx = match &self.tx {
+            Some(tx) if !self.state.closed.load(SeqCst) => tx,
+            _ => {
+                self.state.release(1);
+                return Pushed::Closed(item);
+            }
+        };
+        let sent = match tx.try_send(Msg::Item(item)) {
+            Ok(()) => Ok(()),
+            // The channel has room for every admitted item: only flush
+            // markers fill it, and the worker answers them without delay.
+            Err(TrySendError::Full(msg)) => tx.send(msg).map_err(|err| err.into_inner()),
+            Err(TrySendError::Disconnected(msg)) => Err(msg),
+        };
+        match sent {
+            Ok(()) => Pushed::Queued,
+            Err(msg) => {
+                self.state.release(1);
+                match msg {
+                    Msg::Item(item) => Pushed::Closed(item),
+                    _ => unreachable!("sent an item"),
+                }
+            }
+        }
+    }
+
+    /// Queues `item` unless `capacity` items are pending. Never waits
+    /// (except, briefly, behind concurrent flush markers).
+    #[inline]
+    pub fn try_push(&self, item: T) -> Pushed<T> {
+        let before = self.state.pending.fetch_add(1, SeqCst);
+        if before >= self.state.capacity && !self.state.closed.load(SeqCst) {
+            self.state.release(1);
+            return Pushed::Full(item);
+        }
+        self.send_admitted(item)
+    }
+
+    /// Queues `item`, waiting up to `patience` for room; `Full(item)` when
+    /// there still was none (call again to keep waiting).
+    pub fn push_within(&self, item: T, patience: Duration) -> Pushed<T> {
+        let deadline = Instant::now() + patience;
+        let state = &*self.state;
+        loop {
+            if state.closed.load(SeqCst) {
+                return Pushed::Closed(item);
+            }
+            let pending = state.pending.load(SeqCst);
+            if pending < state.capacity {
+                if state
+                    .pending
+                    .compare_exchange(pending, pending + 1, SeqCst, SeqCst)
+                    .is_ok()
+                {
+                    return self.send_admitted(item);
+                }
+                continue;
+            }
+            let has_room =
+                || state.pending.load(SeqCst) < state.capacity || state.closed.load(SeqCst);
+            if !state.wait_until(has_room, deadline) {
+                return Pushed::Full(item);
+            }
+        }
+    }
+
+    /// Starts a flush: a marker queued behind every item accepted so far.
+    pub fn start_flush(&self) -> Flush<T> {
+        let signal = Arc::new(Signal {
+            done: Mutex::new(None),
+            changed: Condvar::new(),
+        });
+        Flush {
+            tx: self.tx.clone(),
+            marker: Some(Msg::Flush(FlushToken(Arc::clone(&signal)))),
+            signal,
+            state: Arc::clone(&self.state),
+        }
+    }
+
+    /// Refuses new items from now on (they come back as `Pushed::Closed`).
+    pub fn begin_close(&self) {
+        self.state.closed.store(true, SeqCst);
+        self.state.notify();
+    }
+
+    /// After `begin_close`: waits up to `patience` for the pending items to
+    /// be handled, then stops the thread and joins it. `false`: items were
+    /// still pending (call again to keep waiting).
+    pub fn finish_close(&self, patience: Duration) -> bool {
+        let state = &*self.state;
+        let deadline = Instant::now() + patience;
+        // `stopped`: a worker that stopped early leaves nothing to wait for.
+        let idle = || state.pending.load(SeqCst) == 0 || state.stopped.load(SeqCst);
+        if !state.wait_until(idle, deadline) {
+            return false;
+        }
+        // Held while joining, so that a concurrent close returns only after
+        // the thread ended too.
+        let mut thread = self.thread.lock();
+        if let Some(handle) = thread.take() {
+            if let Some(tx) = &self.tx {
+                // Nothing can be accepted any more: the channel holds at most
+                // flush markers, answered ahead of `Stop`.
+                let _ = tx.send(Msg::Stop);
+            }
+            let _ = handle.join();
+        }
+        true
+    }
+
+    /// Waits up to `patience` for nothing to be pending.
+    pub fn wait_idle(&self, patience: Duration) -> bool {
+        let state = &*self.state;
+        state.wait_until(
+            || state.pending.load(SeqCst) == 0 || state.stopped.load(SeqCst),
+            Instant::now() + patience,
+        )
+    }
+
+    /// The thread, for whoever drops this worker and wants to join it later.
+    pub fn take_thread(&self) -> Option<JoinHandle<()>> {
+        self.thread.lock().take()
+    }
+
+    pub fn add_dropped(&self, n: u64) {
+        self.state.dropped.fetch_add(n, SeqCst);
+    }
+
+    /// Whether the calling thread is the worker thread.
+    pub fn is_worker_thread(&self) -> bool {
+        self.thread_id == Some(std::thread::current().id())
+    }
+
+    pub fn capacity(&self) -> usize {
+        self.state.capacity
+    }
+
+    /// Items accepted and not yet handled (a producer in the middle of
+    /// offering one counts for a moment).
+    pub fn pending(&self) -> usize {
+        self.state.pending.load(SeqCst)
+    }
+
+    pub fn dropped(&self) -> u64 {
+        self.state.dropped.load(SeqCst)
+    }
+
+    pub fn handled(&self) -> u64 {
+        self.state.handled.load(SeqCst)
+    }
+
+    pub fn is_closed(&self) -> bool {
+        self.state.closed.load(SeqCst)
+    }
+
+    pub fn is_stopped(&self) -> bool {
+        self.state.stopped.load(SeqCst)
+    }
+}
+
+fn run<T: Send + 'static>(rx: Receiver<Msg<T>>, state: &State, mut sink: impl Sink<T>) {
+    let mut stop = false;
+    while !stop {
+        let first = match rx.recv() {
+            Ok(Msg::Item(item)) => item,
+            Ok(Msg::Flush(token)) => {
+                token.0.set(true);
+                continue;
+            }
+            // `Err`: every sender is gone (the owner was dropped).
+            Ok(Msg::Stop) | Err(_) => break,
+        };
+        // One `handle` call (one attach to Python) drains everything the
+        // channel holds: a producer that holds the GIL cannot add more
+        // meanwhile, so a per-call limit would only add a GIL hand-off, which
+        // costs the producer a switch interval, per limit's worth of items.
+        let mut items = Batch {
+            first: Some(first),
+            rx: &rx,
+            stop: &mut stop,
+            state,
+            in_hand: false,
+        };
+        // A panicking sink must not leave items pending for ever.
+        let flow = catch_unwind(AssertUnwindSafe(|| sink.handle(&mut items))).unwrap_or(Flow::Stop);
+        drop(items);
+        if flow == Flow::Stop {
+            state.closed.store(true, SeqCst);
+            break;
+        }
+    }
+    // Whatever is left was accepted but will not be handled.
+    while let Ok(msg) = rx.try_recv() {
+        discard(state, msg);
+    }
+    state.stopped.store(true, SeqCst);
+    state.notify();
+    drop(sink);
+}
+
+fn discard<T>(state: &State, msg: Msg<T>) {
+    match msg {
+        Msg::Item(item) => {
+            drop(item);
+            state.dropped.fetch_add(1, SeqCst);
+            state.release(1);
+        }
+        // Everything ahead of the marker was dealt with.
+        Msg::Flush(token) => token.0.set(state.pending.load(SeqCst) == 0),
+        Msg::Stop => {}
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::mpsc;
+
+    const LONG: Duration = Duration::from_secs(10);
+
+    /// Sends every item to a channel; announces each on `started` first,
+    /// then holds while `gate` is locked.
+    struct Collect {
+        out: mpsc::Sender<u32>,
+        started: mpsc::Sender<u32>,
+        gate: Arc<Mutex<()>>,
+    }
+
+    impl Sink<u32> for Collect {
+        fn handle(&mut self, items: &mut dyn Iterator<Item = u32>) -> Flow {
+            for item in items {
+                let _ = self.started.send(item);
+                let _open = self.gate.lock();
+                self.out.send(item).unwrap();
+            }
+            Flow::Continue
+        }
+    }
+
+    struct Harness {
+        got: mpsc::Receiver<u32>,
+        started: mpsc::Receiver<u32>,
+        gate: Arc<Mutex<()>>,
+    }
+
+    fn collecting(capacity: usize) -> (Worker<u32>, Harness) {
+        let (out, got) = mpsc::channel();
+        let (started_tx, started) = mpsc::channel();
+        let gate = Arc::new(Mutex::new(()));
+        let sink = Collect {
+            out,
+            started: started_tx,
+            gate: Arc::clone(&gate),
+        };
+        let harness = Harness { got, started, gate };
+        (
+            Worker::spawn(capacity, sink, "test-worker").unwrap(),
+            harness,
+        )
+    }
+
+    fn flush(worker: &Worker<u32>) -> Option<bool> {
+        worker.start_flush().wait(Instant::now() + LONG)
+    }
+
+    #[test]
+    fn items_arrive_in_order() {
+        let (worker, h) = collecting(16);
+        let mut sent = 0;
+        for i in 0..5000 {
+            loop {
+                match worker.try_push(i) {
+                    Pushed::Queued => break,
+                    Pushed::Full(_) => std::thread::yield_now(),
+                    Pushed::Closed(_) => panic!("closed"),
+                }
+            }
+            sent += 1;
+        }
+        assert_eq!(flush(&worker), Some(true));
+        let received: Vec<u32> = h.got.try_iter().collect();
+        assert_eq!(received, (0..sent).collect::<Vec<_>>());
+        assert_eq!(worker.handled(), 5000);
+        assert_eq!(worker.pending(), 0);
+    }
+
+    #[test]
+    fn capacity_counts_the_item_in_hand() {
+        let (worker, h) = collecting(3);
+        let closed_gate = h.gate.lock();
+        assert!(matches!(worker.try_push(0), Pushed::Queued));
+        // The worker holds item 0, blocked on the gate.
+        assert_eq!(h.started.recv_timeout(LONG), Ok(0));
+        assert!(matches!(worker.try_push(1), Pushed::Queued));
+        assert!(matches!(worker.try_push(2), Pushed::Queued));
+        assert!(matches!(worker.try_push(3), Pushed::Full(3)));
+        assert_eq!(worker.pending(), 3);
+        drop(closed_gate);
+        assert_eq!(flush(&worker), Some(true));
+        assert_eq!(h.got.try_iter().collect::<Vec<_>>(), vec![0, 1, 2]);
+    }
+
+    #[test]
+    fn push_within_waits_for_room() {
+        let (worker, h) = collecting(1);
+        let closed_gate = h.gate.lock();
+        assert!(matches!(worker.try_push(0), Pushed::Queued));
+        assert!(matches!(
+            worker.push_within(1, Duration::from_millis(20)),
+            Pushed::Full(1)
+        ));
+        let worker = Arc::new(worker);
+        let producer = {
+            let worker = Arc::clone(&worker);
+            std::thread::spawn(move || matches!(worker.push_within(1, LONG), Pushed::Queued))
+        };
+        std::thread::sleep(Duration::from_millis(20));
+        drop(closed_gate);
+        assert!(producer.join().unwrap());
+        assert_eq!(flush(&worker), Some(true));
+        assert_eq!(h.got.try_iter().collect::<Vec<_>>(), vec![0, 1]);
+    }
+
+    #[test]
+    fn flush_times_out_while_the_sink_is_held() {
+        let (worker, h) = collecting(4);
+        let closed_gate = h.gate.lock();
+        assert!(matches!(worker.try_push(0), Pushed::Queued));
+        let mut flush = worker.start_flush();
+        assert_eq!(flush.wait(Instant::now() + Duration::from_millis(30)), None);
+        drop(closed_gate);
+        assert_eq!(flush.wait(Instant::now() + LONG), Some(true));
+    }
+
+    #[test]
+    fn close_handles_everything_then_refuses() {
+        let (worker, h) = collecting(8);
+        for i in 0..8 {
+            assert!(matches!(worker.try_push(i), Pushed::Queued));
+        }
+        worker.begin_close();
+        assert!(worker.finish_close(LONG));
+        assert!(worker.is_stopped());
+        assert_eq!(h.got.try_iter().count(), 8);
+        assert!(matches!(worker.try_push(9), Pushed::Closed(9)));
+        assert!(matches!(worker.push_within(9, LONG), Pushed::Closed(9)));
+        // Idempotent.
+        worker.begin_close();
+        assert!(worker.finish_close(LONG));
+        assert_eq!(flush(&worker), Some(true));
+    }
+
+    #[test]
+    fn concurrent_producers_lose_nothing_that_was_accepted() {
+        let (worker, h) = collecting(8);
+        let worker = Arc::new(worker);
+        let producers: Vec<_> = (0..4)
+            .map(|t| {
+                let worker = Arc::clone(&worker);
+                std::thread::spawn(move || {
+                    let mut queued = 0;
+                    for i in 0..2000 {
+                        if matches!(worker.try_push(t * 10_000 + i), Pushed::Queued) {
+                            queued += 1;
+                        }
+                    }
+                    queued
+                })
+            })
+            .collect();
+        let queued: u64 = producers.into_iter().map(|p| p.join().unwrap()).sum();
+        worker.begin_close();
+        assert!(worker.finish_close(LONG));
+        let received: Vec<u32> = h.got.try_iter().collect();
+        assert_eq!(received.len() as u64, queued);
+        // Each producer's items keep their order.
+        for t in 0..4 {
+            let mine: Vec<u32> = received
+                .iter()
+                .copied()
+                .filter(|v| v / 10_000 == t)
+                .collect();
+            assert!(mine.windows(2).all(|w| w[0] < w[1]));
+        }
+    }
+
+    struct Stopper;
+
+    impl Sink<u32> for Stopper {
+        fn handle(&mut self, items: &mut dyn Iterator<Item = u32>) -> Flow {
+            let _ = items.next();
+            Flow::Stop
+        }
+    }
+
+    #[test]
+    fn a_stopping_sink_counts_the_rest_as_dropped() {
+        let worker = Worker::spawn(8, Stopper, "test-stopper").unwrap();
+        for i in 0..5 {
+            let _ = worker.try_push(i);
+        }
+        let deadline = Instant::now() + LONG;
+        while !worker.is_stopped() && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        assert!(worker.is_stopped());
+        assert_eq!(worker.pending(), 0);
+        assert_eq!(worker.handled() + worker.dropped(), 5);
+        assert!(worker.handled() >= 1);
+        assert!(matches!(worker.try_push(9), Pushed::Closed(9)));
+    }
+
+    #[test]
+    fn a_closed_worker_has_no_thread() {
+        let worker: Worker<u32> = Worker::closed(4);
+        assert!(matches!(worker.try_push(1), Pushed::Closed(1)));
+        assert!(worker.finish_close(LONG));
+        assert_eq!(flush(&worker), Some(true));
+        assert!(!worker.is_worker_thread());
+    }
+
+    #[test]
+    fn dropping_the_worker_drains_and_ends_the_thread() {
+        let (worker, h) = collecting(8);
+        for i in 0..8 {
+            assert!(matches!(worker.try_push(i), Pushed::Queued));
+        }
+        let thread = worker.take_thread().unwrap();
+        drop(worker);
+        thread.join().unwrap();
+        assert_eq!(
+            h.got.try_iter().collect::<Vec<_>>(),
+            (0..8).collect::<Vec<_>>()
+        );
+    }
+}
