@@ -7,6 +7,7 @@ pub mod aggregation;
 pub mod clock;
 pub mod registry;
 pub mod stat;
+mod sync;
 
 mod py_aggregation;
 mod py_clock;
