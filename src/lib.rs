@@ -7,6 +7,7 @@ pub mod aggregation;
 pub mod clock;
 pub mod registry;
 pub mod stat;
+mod sync;
 pub mod worker;
 
 mod py_aggregation;

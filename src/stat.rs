@@ -24,10 +24,8 @@
 //! keeps (see `sample_bits`), so "the first sample sets them" needs no
 //! knowledge of which writer came first.
 
-use parking_lot::Mutex;
-use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
-
 use crate::aggregation::Aggregation;
+use crate::sync::{AtomicI64, AtomicU64, Mutex, Ordering, spin_wait};
 
 const PHASE_BIT: u64 = 1 << 63;
 const DROP_BIT: u64 = 1 << 62;
@@ -582,14 +580,20 @@ impl Stat {
             .window_id(now_ms)
             .max(self.cur_id.load(Ordering::Relaxed));
         // The first value's step 1 (a later window or a full one closes).
-        self.close_if_due(&mut locked, window, &mut closed);
+        let reserve = (len as u64).min(self.max_samples);
+        let reserved = self.close_if_due(&mut locked, window, &mut closed, reserve);
         if locked.closed_id == window {
             // This window was closed by max_samples: every value is dropped.
             return closed;
         }
-        let room = self.max_samples.saturating_sub(self.count());
-        let take = (len as u64).min(room);
-        let claimed = self.head.fetch_add(take, Ordering::AcqRel);
+        let (claimed, take) = match reserved {
+            Some(claimed) => (claimed, reserve),
+            None => {
+                let room = self.max_samples.saturating_sub(self.count());
+                let take = (len as u64).min(room);
+                (self.head.fetch_add(take, Ordering::AcqRel), take)
+            }
+        };
         let phase = &self.phases[phase_of(claimed)];
         // Lock-free writers may have claimed slots since `count()`.
         let accepted = take.min(self.max_samples.saturating_sub(slot_index(claimed)));
@@ -597,7 +601,7 @@ impl Stat {
         phase.finished.fetch_add(take, Ordering::Release);
         // Step 4 for the value that filled the window; the values after it
         // fall into a closed window and are dropped, as in the loop.
-        self.close_if_due(&mut locked, window, &mut closed);
+        self.close_if_due(&mut locked, window, &mut closed, 0);
         closed
     }
 
@@ -610,16 +614,17 @@ impl Stat {
         // Windows never go back: a clock read that lost a race with a close,
         // or a test clock set earlier, counts in the window that is open.
         let window = window_seen.max(self.cur_id.load(Ordering::Relaxed));
-        if v.is_some() {
-            self.close_if_due(&mut locked, window, &mut closed);
-        }
+        let reserved = match v {
+            Some(_) => self.close_if_due(&mut locked, window, &mut closed, 1),
+            None => None,
+        };
         if let Some(v) = v {
             if locked.closed_id == window {
                 return closed;
             }
             // The buffer cannot change while we hold the lock, but lock-free
             // writers may still be claiming slots in it.
-            let claimed = self.head.fetch_add(1, Ordering::AcqRel);
+            let claimed = reserved.unwrap_or_else(|| self.head.fetch_add(1, Ordering::AcqRel));
             let phase = &self.phases[phase_of(claimed)];
             debug_assert_eq!(
                 claimed & DROP_BIT,
@@ -631,55 +636,81 @@ impl Stat {
             }
             phase.finished.fetch_add(1, Ordering::Release);
         }
-        self.close_if_due(&mut locked, window, &mut closed);
+        self.close_if_due(&mut locked, window, &mut closed, 0);
         closed
     }
 
     /// SPEC step 1 (and 4): close if the window changed or is full, unless
     /// this window was already closed.
-    fn close_if_due(&self, locked: &mut Locked, window: i64, closed: &mut Closed) {
+    ///
+    /// When this opens a later window, the first `reserve` slots of its
+    /// buffer are claimed for the caller in the same instruction that makes
+    /// it active, and the claim is returned (as `fetch_add` would return
+    /// it): the caller must fold into them and finish them. Claiming them
+    /// afterwards would let lock-free adds whose clock read the old window
+    /// claim first, and the add that opened the window could then be
+    /// dropped by max_samples in favour of earlier ones, an outcome no
+    /// order of the adds gives (found by the loom model
+    /// `loom_three_writers_fill_and_cross_windows`).
+    fn close_if_due(
+        &self,
+        locked: &mut Locked,
+        window: i64,
+        closed: &mut Closed,
+        reserve: u64,
+    ) -> Option<u64> {
         let due = self.cur_id.load(Ordering::Relaxed) != window || self.count() >= self.max_samples;
         if due && locked.closed_id != window {
             let cur = self.cur_id.load(Ordering::Relaxed);
             // Closing the window we are in (it is full) drops the rest of it.
             let dropping = cur == window;
-            let window_stats = self.swap_phase(dropping);
-            locked.prev = window_stats;
+            let reserve = if dropping { 0 } else { reserve };
+            let (window_stats, reserved) = self.swap_phase(dropping, reserve);
+            // A window closed by time that is full lost a race with the add
+            // that filled it (lock-free, `Fast::Filled`, not yet at the lock;
+            // `count()` above may not have seen its claim, the swap did). In
+            // any order of the two adds that add's step 4 closes the window
+            // first, and this later window's step 1 then closes its empty
+            // remainder: `get` reports zeros. (Found by the loom model
+            // `loom_a_full_window_closes_before_a_later_one_opens`.)
+            let full = window_stats.count >= self.max_samples;
+            locked.prev = if full && !dropping {
+                WindowStats::EMPTY
+            } else {
+                window_stats
+            };
             locked.closed_id = cur;
             self.cur_id.store(window, Ordering::Release);
             if window_stats.count > 0 {
                 closed.push(window_stats);
             }
+            return (reserve > 0).then_some(reserved);
         }
+        None
     }
 
-    /// Makes the other (empty) buffer active and returns what the old one held.
-    fn swap_phase(&self, dropping: bool) -> WindowStats {
+    /// Makes the other (empty) buffer active with its first `reserve` slots
+    /// claimed, and returns what the old one held and the claim (the new
+    /// buffer's `head` with slot 0).
+    fn swap_phase(&self, dropping: bool, reserve: u64) -> (WindowStats, u64) {
         let current = self.head.load(Ordering::Relaxed);
         let next_phase = (current & PHASE_BIT) ^ PHASE_BIT;
-        let old = self.head.swap(
-            next_phase | if dropping { DROP_BIT } else { 0 },
-            Ordering::AcqRel,
-        );
+        let fresh = next_phase | if dropping { DROP_BIT } else { 0 };
+        let old = self.head.swap(fresh + reserve, Ordering::AcqRel);
         let phase = &self.phases[phase_of(old)];
         let claimed = slot_index(old);
         let mut spins = 0u32;
         while phase.finished.load(Ordering::Acquire) != claimed {
             // Writers finish within a few instructions of claiming; yield only
             // if one was preempted in between.
-            spins += 1;
-            if spins < 64 {
-                std::hint::spin_loop();
-            } else {
-                std::thread::yield_now();
-            }
+            spin_wait(&mut spins);
         }
         let count = if old & DROP_BIT != 0 {
             0
         } else {
             claimed.min(self.max_samples)
         };
-        phase.take(count)
+        (phase.take(count), fresh)
     }
 
     /// Closes the open window if it holds samples, without ending it: later
@@ -690,7 +721,7 @@ impl Stat {
         if self.count() == 0 {
             return None;
         }
-        let window_stats = self.swap_phase(false);
+        let (window_stats, _) = self.swap_phase(false, 0);
         locked.prev = window_stats;
         Some(window_stats)
     }
@@ -712,7 +743,8 @@ impl Stat {
     }
 }
 
-#[cfg(test)]
+// Under loom these would run outside a model (loom's atomics panic there).
+#[cfg(all(test, not(loom)))]
 mod tests {
     use super::*;
     use Aggregation::*;
@@ -826,6 +858,27 @@ mod tests {
         s.add_at(1.0, 100);
         assert!(windows(s.add_at(2.0, 5)).is_empty());
         assert_eq!(s.count(), 2);
+    }
+
+    #[test]
+    fn a_full_window_closed_by_a_later_add_leaves_get_zeros() {
+        // The interleaving loom found, replayed on one thread: an add fills
+        // window 1 lock-free, and before it takes the lock (SPEC step 4) an
+        // add in window 2 takes it.
+        let s = Stat::new(&[Sum, Count], 10, 2);
+        assert!(windows(s.add_at(1.0, 5)).is_empty());
+        let window = s.window_of(5);
+        assert!(matches!(s.try_add_lock_free(2.0, window), Fast::Filled));
+        let closed = windows(s.add_at(4.0, 15));
+        assert_eq!(closed.len(), 1);
+        assert_eq!((closed[0].count, closed[0].sum), (2, 3.0));
+        // As after the two adds in either order: window 1's empty remainder
+        // was closed last, so `get` reports zeros.
+        assert_eq!(s.last_closed(), WindowStats::EMPTY);
+        assert!(windows(s.add_locked(None, window)).is_empty());
+        assert_eq!(s.last_closed(), WindowStats::EMPTY);
+        assert_eq!(s.count(), 1);
+        assert_eq!(s.flush().map(|w| w.sum), Some(4.0));
     }
 
     #[test]
@@ -1054,3 +1107,7 @@ mod tests {
         std::hint::black_box(closed.iter().count());
     }
 }
+
+#[cfg(all(test, loom))]
+#[path = "stat_loom.rs"]
+mod loom_tests;
