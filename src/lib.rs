@@ -1,10 +1,12 @@
 //! torchmon's native core: torch.monitor's `Stat`, `Event` and handler
 //! registry. The logic lives in PyO3-free modules (`aggregation`, `clock`,
-//! `registry`, `stat`, `worker`); the `py_*` modules are the thin binding layer.
+//! `exit_gate`, `registry`, `stat`, `worker`); the `py_*` modules are the
+//! thin binding layer.
 #![deny(clippy::undocumented_unsafe_blocks)]
 
 pub mod aggregation;
 pub mod clock;
+pub mod exit_gate;
 pub mod registry;
 pub mod stat;
 mod sync;
@@ -36,7 +38,8 @@ mod _core {
     use crate::py_event::{DataValueT, Event};
     #[pymodule_export]
     use crate::py_registry::{
-        _handler_count, EventHandlerHandle, register_event_handler, unregister_event_handler,
+        _close_exit_gate, _exit_gate_state, _handler_count, EventHandlerHandle,
+        register_event_handler, unregister_event_handler,
     };
     #[pymodule_export]
     use crate::py_stat::{_flush_all_stats, _live_stat_count, Stat};

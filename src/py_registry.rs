@@ -3,6 +3,8 @@
 use pyo3::exceptions::{PyException, PyTypeError};
 use pyo3::prelude::*;
 
+#[cfg(not(Py_3_14))]
+use crate::exit_gate::ExitGate;
 use crate::py_convert::type_name;
 use crate::py_event::Event;
 #[cfg(not(Py_GIL_DISABLED))]
@@ -16,8 +18,20 @@ use crate::registry::Snapshot;
 use pyo3::types::PyTuple;
 #[cfg(not(Py_GIL_DISABLED))]
 use std::sync::Arc;
+#[cfg(not(Py_3_14))]
+use std::time::Duration;
 
 static HANDLERS: Registry<Py<PyAny>> = Registry::new();
+
+/// Closed at interpreter exit (see `exit_gate`). CPython 3.14 hangs late
+/// threads instead of ending them with `pthread_exit` (gh-87135), so from 3.14
+/// on the gate is not used; PyO3 supports free-threaded builds only from 3.14.
+#[cfg(not(Py_3_14))]
+static EXIT_GATE: ExitGate = ExitGate::new();
+
+/// How long the exiting thread waits for other threads' dispatches to end.
+#[cfg(not(Py_3_14))]
+const EXIT_WAIT: Duration = Duration::from_secs(2);
 
 /// One registered handler as GIL-build dispatch sees it.
 #[cfg(not(Py_GIL_DISABLED))]
@@ -217,10 +231,18 @@ pub fn dispatch<'py>(
     handlers: &Handlers,
     mut event_for: impl FnMut(usize) -> PyResult<Bound<'py, PyAny>>,
 ) -> PyResult<()> {
+    #[cfg(all(not(Py_3_14), not(Py_GIL_DISABLED)))]
+    let _running = EXIT_GATE.enter_serialised(); // dispatch holds the GIL
+    #[cfg(all(not(Py_3_14), Py_GIL_DISABLED))]
+    let _running = EXIT_GATE.enter();
     let mut failures = Failures::default();
     let mut started = 0;
     let mut run = |is_active: bool, handler: &Bound<'py, PyAny>| {
         if !is_active {
+            return;
+        }
+        #[cfg(not(Py_3_14))]
+        if !EXIT_GATE.admits_current_thread() {
             return;
         }
         let result = event_for(started).and_then(|event| handler.call1((event,)).map(drop));
@@ -243,6 +265,42 @@ pub fn dispatch<'py>(
         run(entry.is_active(), entry.handler.bind(py));
     }
     failures.into_result()
+}
+
+/// The exiting thread's last step before finalization (the package registers
+/// it with `atexit` at import, so it runs after every `atexit` handler
+/// registered later, torchmon's own included): from now on only this thread
+/// starts handlers, and it waits, with the GIL released, up to `EXIT_WAIT`
+/// for the other threads' dispatches to end. Returns whether they all did.
+#[pyfunction]
+pub fn _close_exit_gate(py: Python<'_>) -> bool {
+    #[cfg(not(Py_3_14))]
+    {
+        EXIT_GATE.close();
+        py.detach(|| EXIT_GATE.wait_idle(EXIT_WAIT))
+    }
+    #[cfg(Py_3_14)]
+    {
+        let _ = py;
+        true
+    }
+}
+
+/// For tests: (gate closed, dispatches running, handler calls skipped).
+#[pyfunction]
+pub fn _exit_gate_state() -> (bool, usize, u64) {
+    #[cfg(not(Py_3_14))]
+    {
+        (
+            EXIT_GATE.is_closed(),
+            EXIT_GATE.running(),
+            EXIT_GATE.skipped(),
+        )
+    }
+    #[cfg(Py_3_14)]
+    {
+        (false, 0, 0)
+    }
 }
 
 /// For tests and diagnostics: the number of registered handlers.

@@ -120,8 +120,8 @@ print(json.dumps({
 }))
 """
 
-RSS_BOUND = 2 * 1024 * 1024   # bytes; a leak of 8 bytes per op over 1e6 ops is 8 MB
-TRACED_BOUND = 32 * 1024      # bytes; one leaked Event per op over 1e5 ops is > 5 MB
+RSS_BOUND = 2 * 1024 * 1024  # bytes; a leak of 8 bytes per op over 1e6 ops is 8 MB
+TRACED_BOUND = 32 * 1024  # bytes; one leaked Event per op over 1e5 ops is > 5 MB
 
 
 def run_child(mode: str, scale: int, trace: bool) -> dict[str, Any]:
@@ -131,7 +131,10 @@ def run_child(mode: str, scale: int, trace: bool) -> dict[str, Any]:
     try:
         proc = subprocess.run(
             [sys.executable, "-c", _CHILD, mode, str(scale)],
-            capture_output=True, text=True, timeout=120, env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+            env=env,
         )
     except subprocess.TimeoutExpired:
         pytest.fail("the leak child did not finish within 120 s")

@@ -269,23 +269,52 @@ print(json.dumps({
 SCENARIOS: dict[str, dict[str, Any]] = {
     # real 1 ms windows: thousands of windows close during the run
     "real-1ms-4adders-x200000-2churn-2log": dict(
-        mode="real", window_ms=1, adders=4, adds=200_000, churners=2, loggers=2,
-        max_samples=0, min_churn=200, min_logs=500,
+        mode="real",
+        window_ms=1,
+        adders=4,
+        adds=200_000,
+        churners=2,
+        loggers=2,
+        max_samples=0,
+        min_churn=200,
+        min_logs=500,
     ),
     # real 5 ms windows, 8 adder threads, and a second Stat capped at 25 samples
     "real-5ms-8adders-x50000-capped25-2churn-1log": dict(
-        mode="real", window_ms=5, adders=8, adds=50_000, churners=2, loggers=1,
-        max_samples=25, min_churn=200, min_logs=500,
+        mode="real",
+        window_ms=5,
+        adders=8,
+        adds=50_000,
+        churners=2,
+        loggers=1,
+        max_samples=25,
+        min_churn=200,
+        min_logs=500,
     ),
     # test clock advanced by another thread every ~0.5 ms, 1 window per tick
     "manual-ticker-6adders-x100000-3churn-2log": dict(
-        mode="manual", window_ms=10, tick_ms=10, adders=6, adds=100_000, churners=3,
-        loggers=2, max_samples=0, min_churn=200, min_logs=500,
+        mode="manual",
+        window_ms=10,
+        tick_ms=10,
+        adders=6,
+        adds=100_000,
+        churners=3,
+        loggers=2,
+        max_samples=0,
+        min_churn=200,
+        min_logs=500,
     ),
     # test clock moved in phases: exact max_samples drops per window
     "manual-phased-4adders-capped50-2churn-2log": dict(
-        mode="phased", window_ms=100, adders=4, churners=2, loggers=2, max_samples=50,
-        phases=[5, 13, 20, 12, 1, 40, 30, 2000, 7, 3000], min_churn=200, min_logs=500,
+        mode="phased",
+        window_ms=100,
+        adders=4,
+        churners=2,
+        loggers=2,
+        max_samples=50,
+        phases=[5, 13, 20, 12, 1, 40, 30, 2000, 7, 3000],
+        min_churn=200,
+        min_logs=500,
     ),
 }
 
@@ -324,9 +353,7 @@ def test_stress(params: dict[str, Any]) -> None:
     # windows actually rolled during the run (more than the final flush)
     assert len(free) == len(params["phases"]) if "phases" in params else len(free) > 5
     # The final flush emitted exactly the open windows.
-    finals = {
-        next(iter(d)).split(".")[0]: d for d in out["final_events"]
-    }
+    finals = {next(iter(d)).split(".")[0]: d for d in out["final_events"]}
     for name, open_count in out["open_counts"].items():
         if open_count:
             assert finals[name][f"{name}.count"] == open_count

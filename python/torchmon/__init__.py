@@ -95,4 +95,11 @@ def _install_exit_flush() -> None:
         os.register_at_fork(after_in_child=_core._restart_async_handlers_after_fork)
 
 
+# Registered before the exit flush and drain, so that it runs after them and
+# after every atexit handler registered later: the last step before the
+# interpreter finalizes. From then on only the exiting thread starts
+# handlers, and it waits for other threads to leave theirs, because CPython
+# 3.11-3.13 end those threads in a way that aborts the process when Rust
+# frames are on their stack (see src/exit_gate.rs, docs/reliability.md).
+atexit.register(_core._close_exit_gate)
 _install_exit_flush()
