@@ -11,12 +11,11 @@ from __future__ import annotations
 
 import json
 import subprocess
-import textwrap
 from pathlib import Path
 from typing import Any
 
 import pytest
-from support import run_python
+from support import run_child_writing
 
 STAT_EVENT = "torch.monitor.Stat"
 
@@ -38,16 +37,8 @@ HANDLE = m.register_event_handler(to_file)
 
 def run_child(tmp_path: Path, body: str, timeout: float = 60.0) -> tuple[Any, list[Any]]:
     """Runs the prelude + body; returns (CompletedProcess, events written to the file)."""
-    out = tmp_path / "events.jsonl"
-    code = _PRELUDE.format(out=str(out)) + textwrap.dedent(body)
-    try:
-        proc = run_python(code, timeout=timeout)
-    except subprocess.TimeoutExpired:
-        pytest.fail(f"the child did not exit within {timeout}s")
-    events = []
-    if out.exists():
-        events = [json.loads(line) for line in out.read_text(encoding="utf-8").splitlines()]
-    return proc, events
+    proc, lines = run_child_writing(_PRELUDE, body, tmp_path / "events.jsonl", timeout)
+    return proc, [json.loads(line) for line in lines]
 
 
 def stat_event(data: dict[str, float]) -> dict[str, Any]:

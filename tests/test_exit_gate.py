@@ -15,11 +15,10 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import textwrap
 from pathlib import Path
 
 import pytest
-from support import run_python
+from support import run_child_writing
 
 # Below 3.14 the gate is built; from 3.14 CPython hangs such threads itself.
 GATE_BUILT = sys.version_info < (3, 14)
@@ -37,14 +36,7 @@ def record(line):
 def run_child(
     tmp_path: Path, body: str, timeout: float = 60.0
 ) -> tuple[subprocess.CompletedProcess[str], list[str]]:
-    out = tmp_path / "out.txt"
-    code = _PRELUDE.format(out=str(out)) + textwrap.dedent(body)
-    try:
-        proc = run_python(code, timeout=timeout)
-    except subprocess.TimeoutExpired:
-        pytest.fail(f"the child did not exit within {timeout}s")
-    lines = out.read_text(encoding="utf-8").splitlines() if out.exists() else []
-    return proc, lines
+    return run_child_writing(_PRELUDE, body, tmp_path / "out.txt", timeout)
 
 
 @pytest.mark.parametrize("run", range(5))

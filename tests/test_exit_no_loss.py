@@ -14,14 +14,12 @@ checks that every Stat's window is there exactly once: none missing, none twice.
 from __future__ import annotations
 
 import json
-import subprocess
-import textwrap
 from collections import Counter
 from pathlib import Path
 from typing import Any
 
 import pytest
-from support import run_python
+from support import run_child_writing
 
 _PRELUDE = """
 import datetime as dt, gc, json, os, sys, threading, time
@@ -48,22 +46,16 @@ def make(name, n):
 
 def run_child(tmp_path: Path, body: str, timeout: float = 60.0) -> tuple[Any, Counter[str]]:
     """Runs prelude + body; returns (process, Counter of 'name=count' per Stat event)."""
-    out = tmp_path / "events.jsonl"
-    code = _PRELUDE.format(out=str(out)) + textwrap.dedent(body)
-    try:
-        proc = run_python(code, timeout=timeout)
-    except subprocess.TimeoutExpired:
-        pytest.fail(f"the child did not exit within {timeout}s")
+    proc, lines = run_child_writing(_PRELUDE, body, tmp_path / "events.jsonl", timeout)
     seen: Counter[str] = Counter()
-    if out.exists():
-        for line in out.read_text(encoding="utf-8").splitlines():
-            event = json.loads(line)
-            assert event["name"] == "torch.monitor.Stat", event
-            data = event["data"]
-            (name,) = {k.rsplit(".", 1)[0] for k in data}
-            count, total = data[f"{name}.count"], data[f"{name}.sum"]
-            assert count == total, data  # every sample is 1.0
-            seen[f"{name}={int(count)}"] += 1
+    for line in lines:
+        event = json.loads(line)
+        assert event["name"] == "torch.monitor.Stat", event
+        data = event["data"]
+        (name,) = {k.rsplit(".", 1)[0] for k in data}
+        count, total = data[f"{name}.count"], data[f"{name}.sum"]
+        assert count == total, data  # every sample is 1.0
+        seen[f"{name}={int(count)}"] += 1
     return proc, seen
 
 
