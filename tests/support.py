@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import importlib.util
+import json
 import subprocess
 import sys
 import textwrap
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -34,3 +37,39 @@ def run_child_writing(
         pytest.fail(f"the child did not exit within {timeout}s")
     lines = out.read_text(encoding="utf-8").splitlines() if out.exists() else []
     return proc, lines
+
+
+#: ../shared/conformance beside the checkout: the torch 2.13 vectors and replay.py.
+CONFORMANCE = Path(__file__).resolve().parents[2] / "shared" / "conformance"
+
+
+def load_conformance() -> tuple[Any, list[dict[str, Any]]]:
+    """replay.py as a module, and the scenarios of torch-2.13-vectors.jsonl;
+    `(None, [])` when the shared folder is absent."""
+    replay_path = CONFORMANCE / "replay.py"
+    vectors = CONFORMANCE / "torch-2.13-vectors.jsonl"
+    if not (replay_path.is_file() and vectors.is_file()):
+        return None, []
+    spec = importlib.util.spec_from_file_location("torchmon_conformance_replay", replay_path)
+    assert spec is not None and spec.loader is not None
+    replay = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(replay)
+    with vectors.open(encoding="utf-8") as f:
+        scenarios = [json.loads(line) for line in f if line.strip()]
+    return replay, scenarios
+
+
+def assert_scenario_replays(replay: Any, module: Any, scenario: dict[str, Any]) -> None:
+    """Runs one vector scenario against `module` (torchmon or the reference
+    model); fails naming the first op whose result differs (-0.0 != 0.0)."""
+    got = replay.run_scenario(module, scenario)
+    i = replay.first_mismatch(scenario["expect"], got, strict_zero=True)
+    if i is not None:
+        op = scenario["ops"][i] if i < len(scenario["ops"]) else None
+        expected = scenario["expect"][i] if i < len(scenario["expect"]) else None
+        actual = got[i] if i < len(got) else None
+        pytest.fail(
+            f"op #{i}: {replay.dumps(op)}\n"
+            f"expected: {replay.dumps(expected)}\n"
+            f"got:      {replay.dumps(actual)}"
+        )

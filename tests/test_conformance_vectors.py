@@ -12,31 +12,16 @@ that folder these tests skip.
 from __future__ import annotations
 
 import gc
-import importlib.util
-import json
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any
 
 import pytest
+from support import assert_scenario_replays, load_conformance
 
 import torchmon
 
-_CONFORMANCE = Path(__file__).resolve().parents[2] / "shared" / "conformance"
-_REPLAY = _CONFORMANCE / "replay.py"
-_VECTORS = _CONFORMANCE / "torch-2.13-vectors.jsonl"
-
-if _REPLAY.is_file() and _VECTORS.is_file():
-    _spec = importlib.util.spec_from_file_location("torchmon_vectors_replay", _REPLAY)
-    assert _spec is not None and _spec.loader is not None
-    replay: Any = importlib.util.module_from_spec(_spec)
-    _spec.loader.exec_module(replay)
-    with _VECTORS.open(encoding="utf-8") as f:
-        SCENARIOS = [json.loads(line) for line in f if line.strip()]
-else:  # the shared folder is absent: every test below skips through shared_dir
-    replay = None
-    SCENARIOS = []
+replay, SCENARIOS = load_conformance()  # (None, []) without ../shared: tests skip
 
 
 def _replay_cli(shared_dir: Path, *args: str) -> subprocess.CompletedProcess[str]:
@@ -90,14 +75,4 @@ def _cheap_gc():
 
 @pytest.mark.parametrize("scenario", SCENARIOS, ids=[sc["id"] for sc in SCENARIOS])
 def test_scenario_matches(scenario, shared_dir, _cheap_gc):
-    got = replay.run_scenario(torchmon, scenario)
-    i = replay.first_mismatch(scenario["expect"], got, strict_zero=True)
-    if i is not None:
-        op = scenario["ops"][i] if i < len(scenario["ops"]) else None
-        expected = scenario["expect"][i] if i < len(scenario["expect"]) else None
-        actual = got[i] if i < len(got) else None
-        pytest.fail(
-            f"op #{i}: {replay.dumps(op)}\n"
-            f"expected: {replay.dumps(expected)}\n"
-            f"got:      {replay.dumps(actual)}"
-        )
+    assert_scenario_replays(replay, torchmon, scenario)

@@ -6,37 +6,15 @@ folder is absent the whole module is skipped.
 """
 
 import gc
-import importlib.util
-import json
-from pathlib import Path
 
 import pytest
+from support import CONFORMANCE, assert_scenario_replays, load_conformance
 
 from . import model
 
-SHARED = Path(__file__).resolve().parents[3] / "shared"
-CONFORMANCE = SHARED / "conformance"
-REPLAY = CONFORMANCE / "replay.py"
-VECTORS = CONFORMANCE / "torch-2.13-vectors.jsonl"
-
-if not (REPLAY.is_file() and VECTORS.is_file()):
-    pytest.skip(
-        f"conformance vectors not available: need {REPLAY} and {VECTORS}",
-        allow_module_level=True,
-    )
-
-
-def _load_replay():
-    spec = importlib.util.spec_from_file_location("torchmon_conformance_replay", REPLAY)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-replay = _load_replay()
-
-with VECTORS.open(encoding="utf-8") as f:
-    SCENARIOS = [json.loads(line) for line in f if line.strip()]
+replay, SCENARIOS = load_conformance()
+if replay is None:
+    pytest.skip(f"conformance vectors not available in {CONFORMANCE}", allow_module_level=True)
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -64,15 +42,5 @@ def test_vectors_present():
 
 @pytest.mark.parametrize("scenario", SCENARIOS, ids=[sc["id"] for sc in SCENARIOS])
 def test_model_matches_torch_vector(scenario):
-    got = replay.run_scenario(model, scenario)
-    i = replay.first_mismatch(scenario["expect"], got, strict_zero=True)
-    if i is not None:
-        op = scenario["ops"][i] if i < len(scenario["ops"]) else None
-        expected = scenario["expect"][i] if i < len(scenario["expect"]) else None
-        actual = got[i] if i < len(got) else None
-        pytest.fail(
-            f"op #{i}: {replay.dumps(op)}\n"
-            f"expected: {replay.dumps(expected)}\n"
-            f"got:      {replay.dumps(actual)}"
-        )
+    assert_scenario_replays(replay, model, scenario)
     assert not model._registry, "the scenario left handlers registered"
