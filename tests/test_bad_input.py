@@ -5,6 +5,7 @@ SPEC sections 3 (Stat), 4 (Event), 5 (handlers) and "Strings, everywhere".
 
 from __future__ import annotations
 
+import contextlib
 import math
 from datetime import date, datetime, timedelta
 from typing import Any
@@ -638,3 +639,30 @@ def test_hypothesis_stat_max_samples(x: object) -> None:
         else:
             assert stat.count == 2
             assert stat.get() == {COUNT: 0.0}
+
+
+@pytest.mark.parametrize("active", [False, True], ids=["inactive", "active"])
+def test_manual_clock_rejects_times_the_clock_cannot_show(active: bool) -> None:
+    """The clock is a signed 64-bit count of milliseconds: outside it, a
+    ValueError naming the call (found on 3.13 by the hostile-input test, where
+    an active clock let the core's OverflowError through)."""
+    clock = ManualClock(5)
+    with contextlib.ExitStack() as stack:
+        if active:
+            stack.enter_context(clock)
+        with pytest.raises(ValueError, match=r"^ManualClock\.set\(ms\): must be >= 0, got -1$"):
+            clock.set(-1)
+        past = r"the clock cannot go past 2\*\*63 - 1 ms$"
+        with pytest.raises(ValueError, match=r"^ManualClock\.set\(ms\): " + past):
+            clock.set(2**63)
+        with pytest.raises(ValueError, match=r"^ManualClock\.set\(ms\): " + past):
+            clock.set(10**5000)  # too large even to convert to a string
+        assert clock.now_ms == 5
+        clock.set(2**63 - 1)  # the last millisecond is fine
+        with pytest.raises(ValueError, match=r"^ManualClock\.advance\(ms\): " + past):
+            clock.advance(1)
+        assert clock.now_ms == 2**63 - 1
+        if active:
+            assert torchmon._core._clock_ms() == 2**63 - 1
+    with pytest.raises(ValueError, match=r"^ManualClock\(start_ms\): " + past):
+        ManualClock(2**63)

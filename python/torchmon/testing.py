@@ -19,6 +19,9 @@ from . import _core
 
 __all__ = ["ManualClock"]
 
+#: The clock is a signed 64-bit count of milliseconds (292 million years).
+_MAX_MS = 2**63 - 1
+
 
 def _milliseconds(value: int, what: str) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
@@ -30,6 +33,16 @@ def _milliseconds(value: int, what: str) -> int:
                 f"not {type(value).__name__}"
             ) from None
     return value
+
+
+def _clock_time(ms: int, where: str) -> int:
+    """``ms`` if the clock can show it; ``where`` names the call for the error."""
+    if ms < 0:
+        raise ValueError(f"{where}: must be >= 0, got {ms}")
+    if ms > _MAX_MS:
+        # Not the value itself: a huge int may not even convert to a string.
+        raise ValueError(f"{where}: the clock cannot go past 2**63 - 1 ms")
+    return ms
 
 
 class ManualClock:
@@ -44,9 +57,7 @@ class ManualClock:
 
     def __init__(self, start_ms: int = 0) -> None:
         start_ms = _milliseconds(start_ms, "start_ms")
-        if start_ms < 0:
-            raise ValueError(f"ManualClock(start_ms): must be >= 0, got {start_ms}")
-        self._now_ms = start_ms
+        self._now_ms = _clock_time(start_ms, "ManualClock(start_ms)")
         self._previous: int | None = None
         self._active = False
 
@@ -57,19 +68,15 @@ class ManualClock:
 
     def set(self, ms: int) -> None:
         """Jumps to ``ms`` milliseconds."""
-        ms = _milliseconds(ms, "ms")
-        if ms < 0:
-            raise ValueError(f"ManualClock.set(ms): must be >= 0, got {ms}")
+        ms = _clock_time(_milliseconds(ms, "ms"), "ManualClock.set(ms)")
         self._now_ms = ms
         if self._active:
             _core._set_clock_ms(ms)
 
     def advance(self, ms: int) -> None:
         """Moves the clock forward by ``ms`` milliseconds (0 is allowed)."""
-        ms = _milliseconds(ms, "ms")
-        if ms < 0:
-            raise ValueError(f"ManualClock.advance(ms): must be >= 0, got {ms}")
-        self.set(self._now_ms + ms)
+        ms = _clock_time(_milliseconds(ms, "ms"), "ManualClock.advance(ms)")
+        self.set(_clock_time(self._now_ms + ms, "ManualClock.advance(ms)"))
 
     def __enter__(self) -> ManualClock:
         if self._active:
