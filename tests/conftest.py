@@ -35,6 +35,14 @@ settings.register_profile(
     suppress_health_check=[HealthCheck.too_slow],
     print_blob=True,
 )
+# deep-part: one of the seeded 2,000-example parts of .ci/deep-conformance.
+settings.register_profile(
+    "deep-part",
+    max_examples=2_000,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow],
+    print_blob=True,
+)
 settings.register_profile("dev", max_examples=100, deadline=None)
 settings.load_profile(os.environ.get("TORCHMON_HYPOTHESIS_PROFILE", "dev"))
 
