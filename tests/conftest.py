@@ -13,36 +13,12 @@ import torchmon
 
 # ci: the fixed-seed run CI always does; ci-random: the same size, random seed;
 # deep: a long hunt for counterexamples (see README, "Development").
-settings.register_profile(
-    "ci",
-    max_examples=500,
-    derandomize=True,
-    deadline=None,
-    suppress_health_check=[HealthCheck.too_slow],
-    print_blob=True,
-)
-settings.register_profile(
-    "ci-random",
-    max_examples=500,
-    deadline=None,
-    suppress_health_check=[HealthCheck.too_slow],
-    print_blob=True,
-)
-settings.register_profile(
-    "deep",
-    max_examples=20_000,
-    deadline=None,
-    suppress_health_check=[HealthCheck.too_slow],
-    print_blob=True,
-)
 # deep-part: one of the seeded 2,000-example parts of .ci/deep-conformance.
-settings.register_profile(
-    "deep-part",
-    max_examples=2_000,
-    deadline=None,
-    suppress_health_check=[HealthCheck.too_slow],
-    print_blob=True,
-)
+_LONG_RUN = dict(deadline=None, suppress_health_check=[HealthCheck.too_slow], print_blob=True)
+settings.register_profile("ci", max_examples=500, derandomize=True, **_LONG_RUN)
+settings.register_profile("ci-random", max_examples=500, **_LONG_RUN)
+settings.register_profile("deep", max_examples=20_000, **_LONG_RUN)
+settings.register_profile("deep-part", max_examples=2_000, **_LONG_RUN)
 settings.register_profile("dev", max_examples=100, deadline=None)
 settings.load_profile(os.environ.get("TORCHMON_HYPOTHESIS_PROFILE", "dev"))
 
