@@ -8,14 +8,21 @@ which window a duration lands in is deterministic.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import gc
+import inspect
 import itertools
+import sys
 import threading
 import time
+import types
+from collections.abc import Iterator
 from datetime import timedelta
 
 import pytest
 
 import torchmon
+from torchmon import _wait_counter
 from torchmon._wait_counter import WaitCounter, _discard_counter, _WaitCounter, _WaitCounterTracker
 from torchmon.testing import ManualClock
 
@@ -141,6 +148,397 @@ def test_decorated_coroutine_function_times_the_awaited_body():
     assert got["COUNT"] == 1.0
     # The await is inside the timed span (not only the coroutine's creation).
     assert got["MAX"] >= 20_000
+
+
+class FakeTime:
+    """Stands in for the ``time`` module of torchmon._wait_counter: durations
+    move only when a test advances them, so what a guard counts is exact."""
+
+    def __init__(self) -> None:
+        self.now_ns = 0
+
+    def perf_counter_ns(self) -> int:
+        return self.now_ns
+
+    def spend_us(self, us: int) -> None:
+        self.now_ns += us * 1000
+
+
+@pytest.fixture
+def fake_time(monkeypatch: pytest.MonkeyPatch) -> FakeTime:
+    fake = FakeTime()
+    monkeypatch.setattr(_wait_counter, "time", fake)
+    return fake
+
+
+def test_decorated_generator_times_its_own_running_not_the_consumer(fake_time):
+    with ManualClock(0) as clock:
+        counter = WaitCounter(fresh_key("generator"), SECOND)
+
+        @counter.guard()
+        def produce(n: int) -> Iterator[int]:
+            fake_time.spend_us(5)  # before the first item
+            for i in range(n):
+                fake_time.spend_us(10)
+                yield i
+            fake_time.spend_us(7)  # after the last one
+
+        items = produce(3)
+        assert counter.stat.count == 0  # creating the generator ran none of it
+        got = []
+        for item in items:
+            fake_time.spend_us(1000)  # the consumer's time is not the generator's
+            got.append(item)
+        assert got == [0, 1, 2]
+        assert counter.stat.count == 1  # one duration per generator, at its end
+        assert close_window(clock, counter) == {"COUNT": 1.0, "SUM": 42.0, "MAX": 42.0}
+
+
+def test_decorated_generator_forwards_send_throw_and_close_and_times_them(fake_time):
+    with ManualClock(0) as clock:
+        counter = WaitCounter(fresh_key("generator.protocol"), SECOND)
+        cleaned_up = []
+
+        @counter.guard()
+        def accumulate() -> Iterator[int]:
+            total = 0
+            try:
+                while True:
+                    try:
+                        value = yield total
+                    except KeyError:
+                        value = 100
+                    fake_time.spend_us(1)
+                    total += value
+            finally:
+                fake_time.spend_us(50)  # cleanup on close() is the generator's time too
+                cleaned_up.append(total)
+
+        gen = accumulate()
+        assert next(gen) == 0
+        assert gen.send(2) == 2
+        assert gen.throw(KeyError("handled inside")) == 102
+        fake_time.spend_us(1000)
+        assert counter.stat.count == 0
+        gen.close()
+        assert cleaned_up == [102]
+        assert counter.stat.count == 1
+        gen.close()  # closing again records nothing more
+        assert counter.stat.count == 1
+        # send 1 µs + throw 1 µs + the cleanup in close() 50 µs
+        assert close_window(clock, counter) == {"COUNT": 1.0, "SUM": 52.0, "MAX": 52.0}
+
+
+def test_decorated_generator_keeps_its_return_value_and_kind():
+    counter = WaitCounter(fresh_key("generator.return"))
+
+    @counter.guard()
+    def inner() -> Iterator[int]:
+        """Yields one."""
+        yield 1
+        return "result"
+
+    def outer() -> Iterator[int]:
+        returned = yield from inner()
+        assert returned == "result"
+        yield 2
+
+    assert list(outer()) == [1, 2]
+    assert counter.stat.count == 1
+    assert inspect.isgeneratorfunction(inner)  # pytest fixtures, contextlib, ... still see one
+    assert inner.__name__ == "inner"
+    assert inner.__doc__ == "Yields one."
+
+
+def test_decorated_generator_that_raises_records_and_propagates(fake_time):
+    with ManualClock(0):
+        counter = WaitCounter(fresh_key("generator.raises"), SECOND)
+
+        @counter.guard()
+        def broken() -> Iterator[int]:
+            yield 1
+            fake_time.spend_us(30)
+            raise KeyError("boom")
+
+        gen = broken()
+        assert next(gen) == 1
+        with pytest.raises(KeyError, match="boom"):
+            next(gen)
+        assert counter.stat.count == 1
+
+
+def test_decorated_generator_never_started_records_nothing():
+    counter = WaitCounter(fresh_key("generator.unstarted"))
+
+    @counter.guard()
+    def produce() -> Iterator[int]:
+        yield 1
+
+    gen = produce()
+    del gen
+    gc.collect()
+    assert counter.stat.count == 0
+
+
+def test_abandoned_decorated_generator_records_when_collected(fake_time):
+    with ManualClock(0):
+        counter = WaitCounter(fresh_key("generator.abandoned"), SECOND)
+
+        @counter.guard()
+        def produce() -> Iterator[int]:
+            fake_time.spend_us(3)
+            yield 1
+            yield 2
+
+        gen = produce()
+        next(gen)
+        assert counter.stat.count == 0
+        del gen  # Python closes a started generator when it is collected
+        gc.collect()
+        assert counter.stat.count == 1
+
+
+def test_context_manager_generator_times_its_setup_and_teardown(fake_time):
+    # The decorator times the generator's own running; to time a with block,
+    # the guard itself is the context manager (docs/wait_counter_and_bridge.md).
+    with ManualClock(0) as clock:
+        counter = WaitCounter(fresh_key("generator.contextmanager"), SECOND)
+
+        @contextlib.contextmanager
+        @counter.guard()
+        def section() -> Iterator[None]:
+            fake_time.spend_us(4)
+            yield
+            fake_time.spend_us(6)
+
+        with section():
+            fake_time.spend_us(1000)
+        assert close_window(clock, counter)["SUM"] == 10.0
+
+
+def test_decorated_async_generator_times_its_awaits_not_the_consumer(fake_time):
+    with ManualClock(0) as clock:
+        counter = WaitCounter(fresh_key("async.generator"), SECOND)
+
+        @counter.guard()
+        async def produce(n: int):  # type: ignore[no-untyped-def]
+            for i in range(n):
+                await asyncio.sleep(0)
+                fake_time.spend_us(10)
+                yield i
+
+        async def consume() -> list[int]:
+            got = []
+            async for item in produce(3):
+                fake_time.spend_us(1000)
+                got.append(item)
+            return got
+
+        assert inspect.isasyncgenfunction(produce)
+        assert asyncio.run(consume()) == [0, 1, 2]
+        assert counter.stat.count == 1
+        assert close_window(clock, counter) == {"COUNT": 1.0, "SUM": 30.0, "MAX": 30.0}
+
+
+def test_decorated_async_generator_counts_awaited_time_inside_it():
+    with ManualClock(0) as clock:
+        counter = WaitCounter(fresh_key("async.generator.sleep"), SECOND)
+
+        @counter.guard()
+        async def produce():  # type: ignore[no-untyped-def]
+            await asyncio.sleep(0.020)
+            yield "slow"
+
+        async def consume() -> list[str]:
+            return [item async for item in produce()]
+
+        assert asyncio.run(consume()) == ["slow"]
+        got = close_window(clock, counter)
+    assert got["COUNT"] == 1.0
+    assert got["MAX"] >= 20_000  # the awaited sleep is waited for by the consumer
+
+
+def test_decorated_async_generator_aclose_and_athrow(fake_time):
+    with ManualClock(0):
+        counter = WaitCounter(fresh_key("async.generator.close"), SECOND)
+        closed = []
+
+        @counter.guard()
+        async def produce():  # type: ignore[no-untyped-def]
+            try:
+                while True:
+                    try:
+                        yield "item"
+                    except KeyError:
+                        yield "caught"
+            finally:
+                await asyncio.sleep(0)
+                closed.append(True)
+
+        async def drive() -> None:
+            agen = produce()
+            assert await agen.__anext__() == "item"
+            assert await agen.athrow(KeyError("x")) == "caught"
+            assert counter.stat.count == 0
+            await agen.aclose()
+
+        asyncio.run(drive())
+        assert closed == [True]
+        assert counter.stat.count == 1
+
+
+def test_callable_objects_are_timed_by_what_their_call_runs(fake_time):
+    with ManualClock(0) as clock:
+        counter = WaitCounter(fresh_key("callable.objects"), SECOND)
+
+        class Batches:
+            def __call__(self) -> Iterator[int]:
+                fake_time.spend_us(8)
+                yield 1
+
+        class Fetch:
+            async def __call__(self) -> str:
+                await asyncio.sleep(0)
+                fake_time.spend_us(9)
+                return "done"
+
+        batches = counter.guard()(Batches())
+        assert counter.stat.count == 0
+        assert list(batches()) == [1]
+        fetch = counter.guard()(Fetch())
+        assert asyncio.run(fetch()) == "done"
+        assert close_window(clock, counter) == {"COUNT": 2.0, "SUM": 17.0, "MAX": 9.0}
+
+
+def test_generator_based_coroutine_is_refused_at_decoration():
+    @types.coroutine
+    def legacy():  # type: ignore[no-untyped-def]
+        yield
+
+    with pytest.raises(TypeError, match="generator-based coroutine"):
+        WaitCounter(fresh_key("legacy.coroutine")).guard()(legacy)
+
+
+@pytest.fixture
+def unraisable(monkeypatch: pytest.MonkeyPatch) -> list[object]:
+    reports: list[object] = []
+    monkeypatch.setattr(sys, "unraisablehook", reports.append)
+    return reports
+
+
+@contextlib.contextmanager
+def raising_handler(key: str, error: BaseException) -> Iterator[None]:
+    """Registers a handler that raises ``error`` on every window of ``key``."""
+
+    def handler(event: torchmon.Event) -> None:
+        if f"{key}.count" in event.data:
+            raise error
+
+    handle = torchmon.register_event_handler(handler)
+    try:
+        yield
+    finally:
+        torchmon.unregister_event_handler(handle)
+
+
+def counter_with_a_sample_in_a_past_window(clock: ManualClock, label: str) -> WaitCounter:
+    """A counter whose next guard closes a window (and so runs the handlers)."""
+    counter = WaitCounter(fresh_key(label), SECOND)
+    with counter.guard():
+        pass
+    clock.advance(1000)
+    return counter
+
+
+def test_handler_error_does_not_replace_the_exception_of_the_block(unraisable):
+    with ManualClock(0) as clock:
+        counter = counter_with_a_sample_in_a_past_window(clock, "precedence.with")
+        with raising_handler(counter.key, ValueError("from the handler")):
+            with pytest.raises(KeyError, match="from the block"), counter.guard():
+                raise KeyError("from the block")
+    assert [type(r.exc_value) for r in unraisable] == [ValueError]  # type: ignore[attr-defined]
+    report = unraisable[0]
+    assert str(report.exc_value) == "from the handler"  # type: ignore[attr-defined]
+    assert report.object is counter.stat  # type: ignore[attr-defined]
+    assert counter.key in report.err_msg  # type: ignore[attr-defined]
+
+
+def test_handler_error_does_not_replace_the_exception_of_a_decorated_function(unraisable):
+    with ManualClock(0) as clock:
+        counter = counter_with_a_sample_in_a_past_window(clock, "precedence.decorated")
+
+        @counter.guard()
+        def lookup() -> None:
+            raise KeyError("missing")
+
+        with raising_handler(counter.key, ValueError("from the handler")):
+            with pytest.raises(KeyError, match="missing"):
+                lookup()
+    assert [type(r.exc_value) for r in unraisable] == [ValueError]  # type: ignore[attr-defined]
+
+
+def test_handler_error_does_not_replace_the_exception_of_a_decorated_generator(unraisable):
+    with ManualClock(0) as clock:
+        counter = counter_with_a_sample_in_a_past_window(clock, "precedence.generator")
+
+        @counter.guard()
+        def produce() -> Iterator[int]:
+            yield 1
+            raise KeyError("missing")
+
+        with raising_handler(counter.key, ValueError("from the handler")):
+            gen = produce()
+            next(gen)
+            with pytest.raises(KeyError, match="missing"):
+                next(gen)
+            # close() of a suspended generator: GeneratorExit is propagating,
+            # so the handler's error is unraisable and close() returns.
+            clock.advance(1000)
+            gen = produce()
+            next(gen)
+            gen.close()
+    assert [type(r.exc_value) for r in unraisable] == [ValueError, ValueError]  # type: ignore[attr-defined]
+
+
+def test_handler_error_without_an_exception_of_the_block_is_raised(unraisable):
+    # As from Stat.add: nothing else is propagating, so the handler's error is.
+    with ManualClock(0) as clock:
+        counter = counter_with_a_sample_in_a_past_window(clock, "precedence.plain")
+        with raising_handler(counter.key, ValueError("from the handler")):
+            with pytest.raises(ValueError, match="from the handler"), counter.guard():
+                pass
+            clock.advance(1000)
+
+            @counter.guard()
+            def produce() -> Iterator[int]:
+                yield 1
+
+            with pytest.raises(ValueError, match="from the handler"):
+                list(produce())
+    assert unraisable == []
+
+
+def test_keyboard_interrupt_from_a_handler_displaces_an_ordinary_exception(unraisable):
+    # The precedence rule of Stat.add and log_event (docs/reliability.md).
+    with ManualClock(0) as clock:
+        counter = counter_with_a_sample_in_a_past_window(clock, "precedence.interrupt")
+        with raising_handler(counter.key, KeyboardInterrupt()):
+            with pytest.raises(KeyboardInterrupt) as caught, counter.guard():
+                raise KeyError("from the block")
+    assert isinstance(caught.value.__context__, KeyError)
+    assert unraisable == []
+
+
+def test_handler_error_with_the_default_unraisablehook_is_printed(monkeypatch, capsys):
+    monkeypatch.setattr(sys, "unraisablehook", sys.__unraisablehook__)
+    with ManualClock(0) as clock:
+        counter = counter_with_a_sample_in_a_past_window(clock, "precedence.printed")
+        with raising_handler(counter.key, ValueError("from the handler")):
+            with pytest.raises(KeyError), counter.guard():
+                raise KeyError("from the block")
+    err = capsys.readouterr().err
+    assert f"Exception ignored in a handler of the wait counter {counter.key!r}" in err
+    assert "ValueError: from the handler" in err
 
 
 def test_decorated_function_from_several_threads():

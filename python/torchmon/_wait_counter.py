@@ -13,7 +13,10 @@ from __future__ import annotations
 import functools
 import inspect
 import math
+import sys
 import time
+import traceback
+import types
 from collections.abc import Callable
 from datetime import timedelta
 from types import TracebackType
@@ -111,6 +114,83 @@ def _discard_counter(key: str) -> None:
     del entry  # dropped outside the lock: the destruction runs handlers
 
 
+def _report_unraisable(err: BaseException, stat: Stat) -> None:
+    """Hands a handler's ``err`` to ``sys.unraisablehook``; never raises."""
+    message = (
+        "Exception ignored in a handler of the wait counter "
+        f"{stat.name!r} while another exception was propagating"
+    )
+    try:
+        hook = sys.unraisablehook
+        if hook is sys.__unraisablehook__:
+            # The default hook accepts only the interpreter's own argument
+            # type, which Python code cannot create: print what it would.
+            print(f"{message}: {stat!r}", file=sys.stderr)
+            traceback.print_exception(type(err), err, err.__traceback__, file=sys.stderr)
+        else:
+            hook(
+                types.SimpleNamespace(
+                    exc_type=type(err),
+                    exc_value=err,
+                    exc_traceback=err.__traceback__,
+                    err_msg=message,
+                    object=stat,
+                )
+            )
+    except Exception:
+        pass  # nothing is left to report to
+
+
+def _record(stat: Stat, duration_ns: int, propagating: type[BaseException] | None) -> None:
+    """Adds one duration (in µs) to ``stat``.
+
+    With no exception propagating, an error of a handler reached by the
+    window this closes is raised, as from ``Stat.add``. While one propagates
+    (the guarded code raised), the program's own exception must reach its
+    ``except`` clauses unchanged: the handler's error goes to
+    ``sys.unraisablehook``, except that a ``KeyboardInterrupt``/``SystemExit``
+    from a handler displaces an ordinary exception, the precedence rule of
+    ``Stat.add`` and ``log_event`` (docs/reliability.md).
+    """
+    if propagating is None:
+        stat.add(duration_ns / 1000.0)
+        return
+    try:
+        stat.add(duration_ns / 1000.0)
+    except BaseException as err:
+        if issubclass(propagating, Exception) and not isinstance(err, Exception):
+            raise
+        _report_unraisable(err, stat)
+
+
+def _code_flags(func: object) -> int:
+    """The code flags of the function behind methods and partials (0 if none)."""
+    while True:
+        if inspect.ismethod(func):
+            func = func.__func__
+        elif isinstance(func, functools.partial):
+            func = func.func
+        else:
+            break
+    code = getattr(func, "__code__", None)
+    return code.co_flags if isinstance(code, types.CodeType) else 0
+
+
+def _call_target(func: Callable[..., Any]) -> Callable[..., Any]:
+    """What a call of ``func`` runs, for telling its kind: an instance with a
+    ``__call__`` method (not a function, method, partial or class) runs that."""
+    if (
+        inspect.isroutine(func)
+        or isinstance(func, (type, functools.partial))
+        or inspect.isgeneratorfunction(func)
+        or inspect.iscoroutinefunction(func)
+        or inspect.isasyncgenfunction(func)
+    ):
+        return func
+    # Callable, so its type has a __call__ slot.
+    return type(func).__call__
+
+
 class _WaitCounterTracker:
     """Returned by ``guard()``: records the time spent inside it, in
     microseconds, into the counter's Stat, also when the block raises.
@@ -118,8 +198,10 @@ class _WaitCounterTracker:
     Use it as a context manager (``with counter.guard(): ...``; nesting the
     same tracker works) or as a decorator (``@counter.guard()``: every call of
     the decorated function is timed on its own, so recursion, threads and
-    ``async def`` functions are fine). As a context manager, one tracker
-    object should not be shared between threads: call ``guard()`` in each.
+    ``async def`` functions are fine; what is timed for generator and
+    coroutine functions is in docs/wait_counter_and_bridge.md). As a context
+    manager, one tracker object should not be shared between threads: call
+    ``guard()`` in each.
     """
 
     __slots__ = ("_starts", "_stat")
@@ -141,13 +223,30 @@ class _WaitCounterTracker:
         end = time.perf_counter_ns()
         if not self._starts:
             raise RuntimeError("a wait counter guard was exited without being entered")
-        self._stat.add((end - self._starts.pop()) / 1000.0)
+        duration = end - self._starts.pop()
+        if exc_type is None:
+            self._stat.add(duration / 1000.0)
+        else:
+            _record(self._stat, duration, exc_type)
 
     def __call__(self, func: _F) -> _F:
         if not callable(func):
             raise TypeError(f"guard() as a decorator needs a callable, not {type(func).__name__}")
         stat = self._stat
-        if inspect.iscoroutinefunction(func):
+        target = _call_target(func)
+        if inspect.isasyncgenfunction(target):
+            return cast("_F", _timed_async_generator_function(func, stat))
+        if inspect.isgeneratorfunction(target):
+            if _code_flags(target) & inspect.CO_ITERABLE_COROUTINE:
+                # Awaited, not iterated: its suspensions are the event loop's,
+                # and a generator wrapper could not be awaited any more.
+                raise TypeError(
+                    f"guard() cannot time {func!r}: a generator-based coroutine "
+                    "(types.coroutine); make it an async def, or time the code that "
+                    "awaits it with `with counter.guard():`"
+                )
+            return cast("_F", _timed_generator_function(func, stat))
+        if inspect.iscoroutinefunction(target):
 
             @functools.wraps(func)
             async def timed_async(*args: Any, **kwargs: Any) -> Any:
@@ -162,6 +261,108 @@ class _WaitCounterTracker:
                 return func(*args, **kwargs)
 
         return cast("_F", timed)
+
+
+def _timed_generator_function(func: Callable[..., Any], stat: Stat) -> Callable[..., Any]:
+    """A generator function like ``func`` whose generators add, when they
+    finish (exhausted, raising or closed), the time spent running ``func``'s
+    generator: the sum of its resumptions (``next``, ``send``, ``throw``,
+    ``close``), not the time the consumer holds it between items.
+
+    It is itself a generator function (so ``inspect.isgeneratorfunction``,
+    pytest fixtures and contextlib still see one), which delegates as
+    ``yield from`` would but times each resumption.
+    """
+
+    @functools.wraps(func)
+    def timed_generator(*args: Any, **kwargs: Any) -> Any:
+        spent = 0
+        failure: type[BaseException] | None = None
+        start = time.perf_counter_ns()
+        try:
+            try:
+                gen = func(*args, **kwargs)
+            finally:
+                spent += time.perf_counter_ns() - start
+            resume: Callable[[Any], Any] = gen.send
+            arg: Any = None
+            while True:
+                start = time.perf_counter_ns()
+                try:
+                    item = resume(arg)
+                except StopIteration as stop:
+                    return stop.value
+                finally:
+                    spent += time.perf_counter_ns() - start
+                arg = None  # a thrown exception would keep this frame in a cycle
+                try:
+                    arg = yield item
+                except GeneratorExit:
+                    start = time.perf_counter_ns()
+                    try:
+                        gen.close()
+                    finally:
+                        spent += time.perf_counter_ns() - start
+                    raise
+                except BaseException as exc:
+                    resume, arg = gen.throw, exc
+                else:
+                    resume = gen.send
+        except BaseException as exc:
+            failure = type(exc)
+            raise
+        finally:
+            _record(stat, spent, failure)
+
+    return timed_generator
+
+
+def _timed_async_generator_function(func: Callable[..., Any], stat: Stat) -> Callable[..., Any]:
+    """``_timed_generator_function`` for async generators: the time spent in
+    the awaits of ``__anext__``, ``asend``, ``athrow`` and ``aclose`` (what
+    the async generator awaits inside them included), summed."""
+
+    @functools.wraps(func)
+    async def timed_async_generator(*args: Any, **kwargs: Any) -> Any:
+        spent = 0
+        failure: type[BaseException] | None = None
+        start = time.perf_counter_ns()
+        try:
+            try:
+                agen = func(*args, **kwargs)
+            finally:
+                spent += time.perf_counter_ns() - start
+            resume: Callable[[Any], Any] = agen.asend
+            arg: Any = None
+            while True:
+                start = time.perf_counter_ns()
+                try:
+                    item = await resume(arg)
+                except StopAsyncIteration:
+                    return
+                finally:
+                    spent += time.perf_counter_ns() - start
+                arg = None  # a thrown exception would keep this frame in a cycle
+                try:
+                    arg = yield item
+                except GeneratorExit:
+                    start = time.perf_counter_ns()
+                    try:
+                        await agen.aclose()
+                    finally:
+                        spent += time.perf_counter_ns() - start
+                    raise
+                except BaseException as exc:
+                    resume, arg = agen.athrow, exc
+                else:
+                    resume = agen.asend
+        except BaseException as exc:
+            failure = type(exc)
+            raise
+        finally:
+            _record(stat, spent, failure)
+
+    return timed_async_generator
 
 
 class WaitCounter:
