@@ -298,6 +298,21 @@ def test_abandoned_decorated_generator_records_when_collected(fake_time):
         assert counter.stat.count == 1
 
 
+def test_decorated_generator_raises_an_argument_error_at_the_first_next():
+    # Its body runs only when first resumed (docs/wait_counter_and_bridge.md).
+    counter = WaitCounter(fresh_key("generator.arguments"))
+
+    @counter.guard()
+    def produce(n: int) -> Iterator[int]:
+        yield n
+
+    gen = produce()  # type: ignore[call-arg]
+    assert counter.stat.count == 0
+    with pytest.raises(TypeError, match="missing 1 required positional argument"):
+        next(gen)
+    assert counter.stat.count == 1
+
+
 def test_context_manager_generator_times_its_setup_and_teardown(fake_time):
     # The decorator times the generator's own running; to time a with block,
     # the guard itself is the context manager (docs/wait_counter_and_bridge.md).
@@ -384,6 +399,26 @@ def test_decorated_async_generator_aclose_and_athrow(fake_time):
 
         asyncio.run(drive())
         assert closed == [True]
+        assert counter.stat.count == 1
+
+
+def test_async_generator_left_open_records_when_the_event_loop_closes_it(fake_time):
+    with ManualClock(0):
+        counter = WaitCounter(fresh_key("async.generator.abandoned"), SECOND)
+
+        @counter.guard()
+        async def produce():  # type: ignore[no-untyped-def]
+            fake_time.spend_us(2)
+            yield 1
+            yield 2
+
+        async def take_one() -> int:
+            agen = produce()
+            first = await agen.__anext__()
+            assert counter.stat.count == 0
+            return first  # left open: asyncio.run's shutdown closes it
+
+        assert asyncio.run(take_one()) == 1
         assert counter.stat.count == 1
 
 
