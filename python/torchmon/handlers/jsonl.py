@@ -31,7 +31,7 @@ import json
 import math
 import os
 import re
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 from datetime import datetime, timedelta, timezone
 from types import TracebackType
 from typing import Any, BinaryIO
@@ -39,7 +39,7 @@ from typing import Any, BinaryIO
 from .._core import Event
 from .._forksafe import new_lock
 
-__all__ = ["FLOAT_TAG", "JsonlEventHandler", "read_jsonl"]
+__all__ = ["FLOAT_TAG", "JsonlEventHandler", "JsonlReader", "read_jsonl"]
 
 #: The key of the object that encodes a non-finite float (``{"$float": "nan"}``).
 FLOAT_TAG = "$float"
@@ -99,8 +99,9 @@ class JsonlEventHandler:
     - The file is opened in append mode when the handler is created (its
       directory must exist), so earlier lines are kept.
     - Every event is written with one ``write`` call on an unbuffered file:
-      another process tailing the file sees whole lines as soon as the
-      handler returns (the data reaches the OS, it is not ``fsync``-ed).
+      it reaches the OS before the handler returns (it is not
+      ``fsync``-ed). :func:`read_jsonl` in another process sees whole
+      events only: it leaves out an unfinished last line.
     - ``max_bytes``: when set, no file grows beyond that many bytes (unless a
       single line is longer, which then gets a file of its own): before a
       line that would not fit, the file is rotated like
@@ -298,6 +299,10 @@ def _decode_line(line: str) -> Event:
         record = json.loads(line)
     except json.JSONDecodeError as exc:
         raise _LineError(f"not valid JSON: {exc}") from None
+    except RecursionError:
+        raise _LineError("not readable: JSON nested too deeply") from None
+    except ValueError as exc:  # an integer beyond sys.get_int_max_str_digits()
+        raise _LineError(f"not readable: {exc}") from None
     if not isinstance(record, dict):
         raise _LineError(f"must be a JSON object, not {_json_kind(record)}")
     for field in ("name", "timestamp", "data"):
@@ -328,34 +333,117 @@ def _decode_line(line: str) -> Event:
         raise _LineError(f"not a valid event: {exc}") from None
 
 
-def read_jsonl(path: str | os.PathLike[str]) -> Iterator[Event]:
+_ERRORS = ("raise", "skip")
+
+
+def read_jsonl(path: str | os.PathLike[str], *, errors: str = "raise") -> JsonlReader:
     """Yields the events of a file written by :class:`JsonlEventHandler`, in order.
 
     Each event equals the one written: same name, an equal timestamp (with
     the same UTC offset when it had one; a tz-aware timestamp comes back with
     a fixed-offset ``datetime.timezone``), and the same data, value types
-    included. Blank lines are skipped. A line that is not a valid event
-    raises ``ValueError`` naming the file and the line number
-    (``"events.jsonl:3: ..."``). The non-standard ``NaN``/``Infinity``
+    included. Blank lines are skipped. The non-standard ``NaN``/``Infinity``
     literals of Python's ``json`` module are read as floats too.
 
-    To read a rotated set oldest first, chain the files:
+    A last line without its ``"\\n"`` that is not a whole event is a line
+    still being written (or cut short by a crash): it is left out, and is
+    not an error. Every other line that is not a valid event is unreadable:
+
+    - ``errors="raise"`` (the default): ``ValueError`` naming the file and
+      the line number (``"events.jsonl:3: ..."``);
+    - ``errors="skip"``: the line is skipped and counted in the returned
+      reader's ``skipped`` (``first_skipped`` holds the first one's message).
+
+    Returns a :class:`JsonlReader`, an iterator that opens the file when
+    first iterated. To read a rotated set oldest first, chain the files:
     ``itertools.chain(read_jsonl("e.jsonl.2"), read_jsonl("e.jsonl.1"), read_jsonl("e.jsonl"))``.
     """
-    return _read(_path_arg(path, "read_jsonl(path)"))
+    text = _path_arg(path, "read_jsonl(path)")
+    if not isinstance(errors, str):
+        raise TypeError(f"read_jsonl(errors): must be a str, not {type(errors).__name__}")
+    if errors not in _ERRORS:
+        raise ValueError(f"read_jsonl(errors): must be 'raise' or 'skip', got {errors!r}")
+    return JsonlReader(text, errors)
 
 
-def _read(path: str) -> Iterator[Event]:
-    with open(path, "rb") as file:
-        for lineno, raw in enumerate(file, 1):
-            try:
-                line = raw.decode("utf-8")
-            except UnicodeDecodeError as exc:
-                raise ValueError(f"{path}:{lineno}: not UTF-8: {exc}") from None
-            if not line.strip(" \t\r\n"):
-                continue
-            try:
-                event = _decode_line(line)
-            except _LineError as exc:
-                raise ValueError(f"{path}:{lineno}: {exc}") from None
-            yield event
+class JsonlReader(Iterator[Event]):
+    """The iterator :func:`read_jsonl` returns: the events of one file.
+
+    - ``path``: the file; ``errors``: ``"raise"`` or ``"skip"``.
+    - ``skipped``: how many unreadable lines were skipped so far
+      (``errors="skip"``; always 0 with ``"raise"``).
+    - ``first_skipped``: the message of the first skipped line
+      (``"events.jsonl:3: not valid JSON: ..."``), or ``None``.
+    - ``close()`` closes the file before the end (also done when the reader
+      is garbage-collected).
+    """
+
+    __slots__ = ("_events", "errors", "first_skipped", "path", "skipped")
+
+    def __init__(self, path: str, errors: str) -> None:
+        self.path = path
+        self.errors = errors
+        self.skipped = 0
+        self.first_skipped: str | None = None
+        self._events = self._read()
+
+    def __iter__(self) -> JsonlReader:
+        return self
+
+    def __next__(self) -> Event:
+        return next(self._events)
+
+    def close(self) -> None:
+        """Closes the file; the iterator is then exhausted."""
+        self._events.close()
+
+    def _unreadable(self, message: str) -> None:
+        if self.errors == "raise":
+            raise ValueError(message)
+        self.skipped += 1
+        if self.first_skipped is None:
+            self.first_skipped = message
+
+    def _read(self) -> Generator[Event, None, None]:
+        path = self.path
+        with open(path, "rb") as file:
+            for lineno, raw in enumerate(file, 1):
+                if not raw.endswith(b"\n"):
+                    # A line without its newline is the last one read: a
+                    # writer is still writing it, or was killed halfway
+                    # (docs/sinks.md, "Reading"). It counts only when whole.
+                    # Nothing after it is read, even if the file grew since.
+                    event = self._unfinished(raw)
+                    if event is not None:
+                        yield event
+                    return
+                try:
+                    line = raw.decode("utf-8")
+                except UnicodeDecodeError as exc:
+                    self._unreadable(f"{path}:{lineno}: not UTF-8: {exc}")
+                    continue
+                if not line.strip(" \t\r\n"):
+                    continue
+                try:
+                    event = _decode_line(line)
+                except _LineError as exc:
+                    self._unreadable(f"{path}:{lineno}: {exc}")
+                    continue
+                yield event
+
+    @staticmethod
+    def _unfinished(raw: bytes) -> Event | None:
+        """The event of an unterminated last line if it is a whole one."""
+        try:
+            line = raw.decode("utf-8")
+        except UnicodeDecodeError:
+            return None
+        if not line.strip(" \t\r"):
+            return None
+        try:
+            return _decode_line(line)
+        except _LineError:
+            return None
+
+    def __repr__(self) -> str:
+        return f"JsonlReader({self.path!r}, errors={self.errors!r}, skipped={self.skipped})"
