@@ -89,6 +89,17 @@ def _encode_event(event: Event) -> bytes:
     return line.encode("utf-8") + b"\n"
 
 
+def _ends_in_newline(path: str, size: int) -> bool:
+    """Whether the ``size``-byte file at ``path`` ends in a newline (``False``
+    when it cannot be read: a blank line is the worst that can come of it)."""
+    try:
+        with open(path, "rb", buffering=0) as file:
+            file.seek(size - 1)
+            return file.read(1) == b"\n"
+    except OSError:
+        return False
+
+
 class JsonlEventHandler:
     """An event handler appending each event as one JSON line to ``path``.
 
@@ -110,12 +121,24 @@ class JsonlEventHandler:
       With ``backup_count=0`` the file is emptied instead. The size is counted
       by this handler, so rotation assumes it is the only writer of ``path``.
     - Thread-safe: concurrent events are written whole, one line each.
+    - A write that fails (a full disk) raises, and the part of the line
+      already written is cut off again, so the file keeps ending in a whole
+      line; a file that does not end in a newline when opened (its writer
+      was killed mid-line) gets a newline before the first line.
     - ``close()`` (or leaving a ``with`` block) closes the file; an event
       handed to a closed handler raises ``ValueError``. Unregister the
       handler before closing it.
     """
 
-    __slots__ = ("_backup_count", "_file", "_lock", "_max_bytes", "_path", "_size")
+    __slots__ = (
+        "_backup_count",
+        "_file",
+        "_lock",
+        "_max_bytes",
+        "_new_line_first",
+        "_path",
+        "_size",
+    )
 
     def __init__(
         self,
@@ -143,8 +166,9 @@ class JsonlEventHandler:
         self._max_bytes = max_bytes
         self._backup_count = backup_count
         self._lock = new_lock()
+        self._size = 0
+        self._new_line_first = False
         self._file: BinaryIO | None = self._open()
-        self._size = os.fstat(self._file.fileno()).st_size
 
     @property
     def path(self) -> str:
@@ -157,7 +181,17 @@ class JsonlEventHandler:
         return self._file is None
 
     def _open(self) -> BinaryIO:
-        return open(self._path, "ab", buffering=0)
+        """Opens ``path`` for appending; sets ``_size`` and whether the next
+        line must begin with a newline (the file ends in part of a line)."""
+        file = open(self._path, "ab", buffering=0)
+        try:
+            size = os.fstat(file.fileno()).st_size
+        except BaseException:
+            file.close()
+            raise
+        self._size = size
+        self._new_line_first = size > 0 and not _ends_in_newline(self._path, size)
+        return file
 
     def __call__(self, event: Event) -> None:
         line = _encode_event(event)
@@ -171,16 +205,49 @@ class JsonlEventHandler:
                 and self._size + len(line) > self._max_bytes
             ):
                 file = self._rotate(file)
-            view = memoryview(line)
-            while view:  # one write for a regular file; a short write is finished
-                view = view[file.write(view) :]
-            self._size += len(line)
+            if self._new_line_first:
+                line = b"\n" + line
+            self._write(file, line)
+
+    def _write(self, file: BinaryIO, line: bytes) -> None:
+        """Writes ``line`` whole, or leaves the file ending where it did
+        (docs/sinks.md, "Faults"). Called with the lock held."""
+        written = 0
+        try:
+            written = file.write(line)
+            while written < len(line):  # a short write (a full disk): finish it, or fail
+                written += file.write(memoryview(line)[written:])
+        except BaseException:
+            # ENOSPC, EFBIG, EIO, or KeyboardInterrupt between two writes.
+            if written:
+                self._take_back(file, written)
+            raise
+        self._size += written
+        self._new_line_first = False
+
+    def _take_back(self, file: BinaryIO, written: int) -> None:
+        """Removes the ``written`` bytes of a line that failed, so that the
+        file ends in a whole line again; when that is not possible, the next
+        line begins with a newline instead, and the part stays as one
+        unreadable line (``read_jsonl(errors="skip")`` skips it)."""
+        try:
+            end = file.tell()  # append mode: just after our bytes
+            # Not when another process appended since: that would cut its lines.
+            if os.fstat(file.fileno()).st_size == end:
+                file.truncate(end - written)
+                self._size = end - written
+                return
+        except OSError:
+            pass
+        self._size += written
+        self._new_line_first = True
 
     def _rotate(self, file: BinaryIO) -> BinaryIO:
         """Called with the lock held; returns the new (empty) file."""
         if self._backup_count == 0:
             file.truncate(0)
             self._size = 0
+            self._new_line_first = False
             return file
         file.close()
         self._file = None
@@ -195,7 +262,6 @@ class JsonlEventHandler:
             # Even when a rename failed, keep writing (to the file still at path).
             file = self._open()
             self._file = file
-            self._size = os.fstat(file.fileno()).st_size
         return file
 
     def close(self) -> None:
