@@ -310,3 +310,33 @@ def test_when_a_torn_line_cannot_be_taken_back_the_next_line_starts_anew(
     reader = read_jsonl(path, errors="skip")
     assert [e.data["i"] for e in reader] == [0, 2]
     assert reader.skipped == 1
+
+
+def test_a_rotation_whose_directory_vanished_names_the_cause_and_recovers(
+    tmp_path: Path,
+) -> None:
+    """The handler is not closed: each event tries to reopen the path, raising
+    the OSError that stops it, and writing again once it can (docs/sinks.md,
+    "Rotation")."""
+    folder = tmp_path / "logs"
+    folder.mkdir()
+    path = folder / "e.jsonl"
+    sink = JsonlEventHandler(path, max_bytes=150, backup_count=2)
+    sink(Event("n", stamp(), {"i": 0}))
+    shutil.rmtree(folder)
+    for i in (1, 2):  # each rotates, and fails to reopen
+        with pytest.raises(FileNotFoundError) as info:
+            sink(Event("n", stamp(), {"i": i, "pad": "x" * 100}))
+        message = str(info.value)
+        assert "cannot reopen the file after rotating it" in message, message
+        assert "No such file or directory" in message and str(path) in message, message
+        assert not sink.closed
+        assert "reopening after a rotation failed" in repr(sink)
+    folder.mkdir()
+    sink(Event("n", stamp(), {"i": 3}))
+    sink(Event("n", stamp(), {"i": 4}))
+    sink.close()
+    assert sink.closed
+    assert [e.data["i"] for e in read_jsonl(path)] == [3, 4]
+    with pytest.raises(ValueError, match="is closed"):
+        sink(Event("n", stamp(), {"i": 5}))

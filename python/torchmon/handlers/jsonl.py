@@ -120,6 +120,9 @@ class JsonlEventHandler:
       -> ``path.2`` ... up to ``path.<backup_count>``, the oldest dropped.
       With ``backup_count=0`` the file is emptied instead. The size is counted
       by this handler, so rotation assumes it is the only writer of ``path``.
+      When ``path`` cannot be opened again while rotating (its directory was
+      removed), that event raises the ``OSError``, and each later event tries
+      again; the handler is not closed.
     - Thread-safe: concurrent events are written whole, one line each.
     - A write that fails (a full disk) raises, and the part of the line
       already written is cut off again, so the file keeps ending in a whole
@@ -132,6 +135,7 @@ class JsonlEventHandler:
 
     __slots__ = (
         "_backup_count",
+        "_closed",
         "_file",
         "_lock",
         "_max_bytes",
@@ -168,6 +172,8 @@ class JsonlEventHandler:
         self._lock = new_lock()
         self._size = 0
         self._new_line_first = False
+        self._closed = False
+        # None while closed, or after reopening the file failed (rotation).
         self._file: BinaryIO | None = self._open()
 
     @property
@@ -178,7 +184,7 @@ class JsonlEventHandler:
     @property
     def closed(self) -> bool:
         """Whether :meth:`close` was called."""
-        return self._file is None
+        return self._closed
 
     def _open(self) -> BinaryIO:
         """Opens ``path`` for appending; sets ``_size`` and whether the next
@@ -196,9 +202,11 @@ class JsonlEventHandler:
     def __call__(self, event: Event) -> None:
         line = _encode_event(event)
         with self._lock:
-            file = self._file
-            if file is None:
+            if self._closed:
                 raise ValueError(f"JsonlEventHandler({self._path!r}) is closed")
+            file = self._file
+            if file is None:  # reopening it failed when rotating: try again
+                file = self._reopen()
             if (
                 self._max_bytes is not None
                 and self._size > 0
@@ -260,14 +268,31 @@ class JsonlEventHandler:
                 os.replace(self._path, f"{self._path}.1")
         finally:
             # Even when a rename failed, keep writing (to the file still at path).
+            file = self._reopen()
+        return file
+
+    def _reopen(self) -> BinaryIO:
+        """Opens ``path`` again after a rotation; an error names its cause.
+        Called with the lock held."""
+        try:
             file = self._open()
-            self._file = file
+        except OSError as exc:
+            # Not "closed": the next event tries again, and writes once the
+            # path can be opened (docs/sinks.md, "Rotation").
+            raise OSError(
+                exc.errno,
+                "JsonlEventHandler: cannot reopen the file after rotating it "
+                f"({exc.strerror}); the event was not written, the next one tries again",
+                self._path,
+            ) from exc
+        self._file = file
         return file
 
     def close(self) -> None:
         """Closes the file (a second call does nothing)."""
         with self._lock:
             file, self._file = self._file, None
+            self._closed = True
         if file is not None:
             file.close()
 
@@ -286,7 +311,12 @@ class JsonlEventHandler:
         extra = ""
         if self._max_bytes is not None:
             extra = f", max_bytes={self._max_bytes}, backup_count={self._backup_count}"
-        state = ", closed" if self._file is None else ""
+        if self._closed:
+            state = ", closed"
+        elif self._file is None:
+            state = ", not open: reopening after a rotation failed"
+        else:
+            state = ""
         return f"JsonlEventHandler({self._path!r}{extra}){state}"
 
 
