@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import math
 import re
 import subprocess
 import sys
@@ -288,6 +289,25 @@ def test_summarize_skips_unreadable_lines_and_says_how_many(tmp_path):
     assert strict.stderr == (
         f"torchmon summarize: {tmp_path / 'nested.jsonl'}:1: not readable: JSON nested too deeply\n"
     )
+
+
+def test_summarize_series_with_infinities_and_huge_values(tmp_path, capsys):
+    """Valid logs on which math.fsum raises: inf with -inf, and a sum past
+    the float range."""
+    log = tmp_path / "log.jsonl"
+    write_log(
+        log,
+        [
+            stat_event(1, {"x.max": math.inf, "y.sum": 1.5e308, "z.min": -math.inf}),
+            stat_event(2, {"x.max": -math.inf, "y.sum": 1.7e308, "z.min": 1.0}),
+            stat_event(3, {"x.max": 2.0, "y.sum": 1.6e308, "z.min": math.nan}),
+        ],
+    )
+    assert main(["summarize", str(log)]) == 0
+    rows = [line.split() for line in capsys.readouterr().out.splitlines()]
+    assert ["x", "max", "3", "2", "nan", "-inf", "inf"] in rows
+    assert ["y", "sum", "3", "1.6e+308", "1.6e+308", "1.5e+308", "1.7e+308"] in rows
+    assert ["z", "min", "3", "nan", "-inf", "-inf", "1"] in rows
 
 
 def test_summarize_missing_file_exits_2(tmp_path, capsys):

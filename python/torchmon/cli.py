@@ -138,7 +138,7 @@ class _Summary:
                         agg or "-",
                         str(self.windows[stat]),
                         _number(values[-1]),
-                        _number(math.fsum(numbers) / len(numbers)) if numbers else "nan",
+                        _number(_mean(numbers)) if numbers else "nan",
                         _number(min(numbers)) if numbers else "nan",
                         _number(max(numbers)) if numbers else "nan",
                     ]
@@ -161,6 +161,20 @@ class _Summary:
         if self.others:
             print(file=out)
             _write_table(self.other_rows(), out, numeric_from=1, numeric_to=2)
+
+
+def _mean(values: list[float]) -> float:
+    """The mean of non-NaN ``values``, as IEEE arithmetic has it where
+    ``math.fsum`` raises: inf and -inf give NaN, and a sum beyond the float
+    range (two values near 1e308) is no reason for the mean to be."""
+    if math.inf in values:
+        return math.nan if -math.inf in values else math.inf
+    if -math.inf in values:
+        return -math.inf
+    try:
+        return math.fsum(values) / len(values)
+    except OverflowError:
+        return math.fsum(v / len(values) for v in values)
 
 
 def _number(value: float) -> str:
