@@ -968,3 +968,14 @@ def test_stats_with_different_windows_are_independent(recorder) -> None:
         slow_events = [d for d in recorder.stat_data if "slow.sum" in d]
         assert fast_events == [{"fast.sum": 1.0}] * 10
         assert slow_events == [{"slow.sum": 10.0}]
+
+
+def test_repr_of_windows_longer_than_a_timedelta_holds() -> None:
+    """The constructor takes windows up to 2**63 - 1 ms as float seconds,
+    beyond timedelta.max (docs/api.md, repr)."""
+    longest = timedelta.max // timedelta(milliseconds=1)
+    as_timedelta = timedelta(milliseconds=longest)
+    assert f"window_size={as_timedelta!r}," in repr(Stat("s", [SUM], timedelta.max))
+    assert "window_size=1000000000000000.000," in repr(Stat("s", [SUM], 1e15))
+    text = repr(Stat("s", [SUM], (longest + 1) / 1000))
+    assert f"window_size={(longest + 1) // 1000}.{(longest + 1) % 1000:03}," in text
