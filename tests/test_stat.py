@@ -979,3 +979,22 @@ def test_repr_of_windows_longer_than_a_timedelta_holds() -> None:
     assert "window_size=1000000000000000.000," in repr(Stat("s", [SUM], 1e15))
     text = repr(Stat("s", [SUM], (longest + 1) / 1000))
     assert f"window_size={(longest + 1) // 1000}.{(longest + 1) % 1000:03}," in text
+
+
+@pytest.mark.parametrize("window_ms", [1, 3])
+def test_windows_close_at_the_last_milliseconds_of_the_manual_clock(recorder, window_ms) -> None:
+    """ManualClock goes up to 2**63 - 1 ms (docs/api.md); windows close there too."""
+    last = 2**63 - 1
+    with ManualClock(last - 5) as clock:
+        stat = Stat("s", [SUM], timedelta(milliseconds=window_ms))
+        for t in range(last - 5, last + 1):
+            clock.set(t)
+            stat.add(float(t - (last - 5)))  # 0.0 to 5.0, one per millisecond
+    sums: dict[int, float] = {}
+    for t in range(last - 5, last + 1):
+        sums[t // window_ms] = sums.get(t // window_ms, 0.0) + float(t - (last - 5))
+    closed = list(sums.values())[:-1]  # the last window is still open
+    assert recorder.stat_data == [{"s.sum": value} for value in closed]
+    assert stat.count == sum(
+        1 for t in range(last - 5, last + 1) if t // window_ms == last // window_ms
+    )
