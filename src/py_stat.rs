@@ -175,13 +175,7 @@ fn window_ms(arg: WindowArg) -> PyResult<i64> {
                     "Stat(window_size): window_size must be finite, not {s}"
                 )));
             }
-            let ms = (s * 1000.0).trunc();
-            if ms >= i64::MAX as f64 {
-                return Err(PyValueError::new_err(
-                    "Stat(window_size): window_size is too large",
-                ));
-            }
-            ms as i128
+            crate::clock::seconds_to_ms(s)
         }
     };
     if millis < 1 {

@@ -317,6 +317,22 @@ def test_window_size_is_truncated_to_one_ms(recorder, window: object) -> None:
         assert recorder.stat_data == [{"s.sum": 3.0}, {"s.sum": 4.0}]
 
 
+@pytest.mark.parametrize(("window", "ms"), [(1.001, 1001), (2.01, 2010), (0.0105, 10)])
+def test_float_seconds_are_the_decimal_repr_shows_truncated(recorder, window, ms) -> None:
+    """1.001 s is 1001 ms, although 1.001 * 1000 is 1000.9999999999999 and
+    2.01 * 1000 is 2009.9999999999998 (docs/api.md; torch truncates the
+    product, docs/compatibility.md)."""
+    with ManualClock(0) as clock:
+        stat = Stat("s", [SUM], window)
+        stat.add(1.0)
+        clock.set(ms - 1)
+        stat.add(2.0)
+        assert recorder.stat_data == []
+        clock.set(ms)
+        stat.add(4.0)
+        assert recorder.stat_data == [{"s.sum": 3.0}]
+
+
 @pytest.mark.parametrize("window", [1.0009, timedelta(microseconds=1_000_999)])
 def test_window_size_truncation_drops_sub_millisecond_part(recorder, window: object) -> None:
     with ManualClock(0) as clock:
