@@ -291,6 +291,26 @@ def test_summarize_skips_unreadable_lines_and_says_how_many(tmp_path):
     )
 
 
+@pytest.mark.parametrize(
+    ("line", "message"),
+    [
+        ("[" * 100_000, "not readable: JSON nested too deeply"),
+        ('{"name":"x","timestamp":"2020-01-01T00:00:00","data":{"a":%s}}' % ("7" * 5000), "digits"),
+    ],
+)
+def test_lines_beyond_json_limits_are_one_line_errors(tmp_path, line, message):
+    """read_jsonl's RecursionError and int-digits ValueError used to escape
+    as tracebacks (docs/cli.md: one line, exit code 2)."""
+    log = tmp_path / "deep.jsonl"
+    log.write_text(line + "\n")
+    for args in (["summarize", "--strict", str(log)], ["to-tensorboard", str(log), "tb"]):
+        result = run_cli(*args)
+        assert result.returncode == 2, result.stderr
+        assert result.stderr.startswith(f"torchmon {args[0]}: {log}:1: "), result.stderr
+        assert message in result.stderr
+        assert result.stderr.count("\n") == 1, result.stderr
+
+
 def test_summarize_series_with_infinities_and_huge_values(tmp_path, capsys):
     """Valid logs on which math.fsum raises: inf with -inf, and a sum past
     the float range."""
