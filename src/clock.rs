@@ -110,9 +110,73 @@ pub fn override_ms() -> Option<i64> {
 /// Smallest value an override may take: the sentinel is reserved.
 pub const MIN_OVERRIDE_MS: i64 = 0;
 
+/// A window size given as a float number of seconds, in whole milliseconds:
+/// the shortest decimal that reads back as `seconds` (the digits Python's
+/// `repr` prints: `1.001`), times 1000, truncated toward zero. The float
+/// itself is not multiplied: `1.001 * 1000.0` is `1000.9999999999999`,
+/// which truncates to 1000 ms (what torch does, docs/compatibility.md).
+/// `Stat` and `WaitCounter` both convert with this. `seconds` must be
+/// finite; results beyond i128 saturate.
+pub fn seconds_to_ms(seconds: f64) -> i128 {
+    debug_assert!(seconds.is_finite(), "{seconds}");
+    // `{:e}` writes the shortest digits that round-trip: "-1.001e0".
+    let text = format!("{seconds:e}");
+    let Some((mantissa, exponent)) = text.split_once('e') else {
+        return 0;
+    };
+    let exponent: i32 = exponent.parse().unwrap_or(0);
+    let (negative, mantissa) = match mantissa.strip_prefix('-') {
+        Some(rest) => (true, rest),
+        None => (false, mantissa),
+    };
+    let fraction_digits = mantissa.split_once('.').map_or(0, |(_, f)| f.len());
+    // At most 17 significant digits: an i128 holds them.
+    let digits: i128 = mantissa.replace('.', "").parse().unwrap_or(0);
+    // milliseconds = digits * 10^shift
+    let shift = exponent + 3 - fraction_digits as i32;
+    let magnitude = if shift >= 0 {
+        10i128
+            .checked_pow(shift.unsigned_abs())
+            .and_then(|scale| digits.checked_mul(scale))
+            .unwrap_or(i128::MAX)
+    } else {
+        10i128
+            .checked_pow(shift.unsigned_abs())
+            .map_or(0, |scale| digits / scale)
+    };
+    if negative { -magnitude } else { magnitude }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn seconds_to_ms_truncates_the_decimal_that_repr_shows() {
+        let cases: [(f64, i128); 14] = [
+            (1.001, 1001), // 1.001 * 1000.0 == 1000.9999999999999
+            (4.35, 4350),  // 4.35 * 1000.0 == 4349.999999999999
+            (0.0015, 1),
+            (0.0019999, 1),
+            (1.0009, 1000),
+            (1.5, 1500),
+            (60.0, 60_000),
+            (0.0005, 0),
+            (0.0, 0),
+            (-0.0, 0),
+            (-1.0, -1000),
+            (-0.0015, -1),
+            (5e-324, 0),
+            (9_223_372_036_854_775.807, 9_223_372_036_854_776_000),
+        ];
+        for (seconds, ms) in cases {
+            assert_eq!(seconds_to_ms(seconds), ms, "{seconds:?} s");
+        }
+        assert_eq!(seconds_to_ms(f64::MAX), i128::MAX);
+        assert_eq!(seconds_to_ms(f64::MIN), -i128::MAX);
+        assert_eq!(seconds_to_ms(1e35), 10i128.pow(38));
+        assert_eq!(seconds_to_ms(1e36), i128::MAX);
+    }
 
     #[test]
     fn real_clock_is_monotonic_and_close_to_std() {

@@ -40,7 +40,7 @@ mod _core {
         _close_async_handlers_at_exit, _restart_async_handlers_after_fork, AsyncEventHandler,
     };
     #[pymodule_export]
-    use crate::py_clock::{_clock_ms, _clock_override_ms, _set_clock_ms};
+    use crate::py_clock::{_clock_ms, _clock_override_ms, _set_clock_ms, _window_ms_of_seconds};
     #[pymodule_export]
     use crate::py_event::{DataValueT, Event};
     #[pymodule_export]

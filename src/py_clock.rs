@@ -1,4 +1,5 @@
-//! The clock override behind `torchmon.testing.ManualClock`.
+//! The clock override behind `torchmon.testing.ManualClock`, and the
+//! conversion of window sizes in seconds.
 
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
@@ -30,4 +31,17 @@ pub fn _clock_ms() -> i64 {
 #[pyfunction]
 pub fn _clock_override_ms() -> Option<i64> {
     clock::override_ms()
+}
+
+/// A window size in float seconds as whole milliseconds
+/// (`clock::seconds_to_ms`), so that `WaitCounter` converts as `Stat` does.
+/// NaN or infinite: `ValueError`.
+#[pyfunction]
+pub fn _window_ms_of_seconds(seconds: f64) -> PyResult<i128> {
+    if !seconds.is_finite() {
+        return Err(PyValueError::new_err(format!(
+            "window_size must be finite, not {seconds}"
+        )));
+    }
+    Ok(clock::seconds_to_ms(seconds))
 }

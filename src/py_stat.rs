@@ -139,6 +139,10 @@ impl Stat {
     }
 }
 
+/// `datetime.timedelta.max` in whole milliseconds (999,999,999 days and
+/// 86,399,999 ms): the longest window `repr` can show as a timedelta.
+const TIMEDELTA_MAX_MS: i64 = 999_999_999 * 86_400_000 + 86_399_999;
+
 /// Whole milliseconds of a window size, validated (type phase).
 enum WindowArg {
     Millis(i128),
@@ -171,13 +175,7 @@ fn window_ms(arg: WindowArg) -> PyResult<i64> {
                     "Stat(window_size): window_size must be finite, not {s}"
                 )));
             }
-            let ms = (s * 1000.0).trunc();
-            if ms >= i64::MAX as f64 {
-                return Err(PyValueError::new_err(
-                    "Stat(window_size): window_size is too large",
-                ));
-            }
-            ms as i128
+            crate::clock::seconds_to_ms(s)
         }
     };
     if millis < 1 {
@@ -372,13 +370,22 @@ impl Stat {
         } else {
             format!(", max_samples={}", self.shared.max_samples)
         };
+        let window_ms = self.shared.core.window_ms();
+        let window_size = if window_ms <= TIMEDELTA_MAX_MS {
+            crate::py_convert::timedelta_type(py)?
+                .call1((0, 0, 0, window_ms))?
+                .repr()?
+                .to_string()
+        } else {
+            // Longer than a timedelta holds (the constructor takes such
+            // windows as float seconds): exact seconds, as a float literal.
+            format!("{}.{:03}", window_ms / 1000, window_ms % 1000)
+        };
         Ok(format!(
             "torchmon.Stat(name={}, aggregations={}, window_size={}{}, count={})",
             self.shared.name.bind(py).repr()?,
             members.str()?,
-            crate::py_convert::timedelta_type(py)?
-                .call1((0, 0, 0, self.shared.core.window_ms()))?
-                .repr()?,
+            window_size,
             max_samples,
             self.shared.core.count()
         ))

@@ -36,6 +36,14 @@ const INDEX_MASK: u64 = DROP_BIT - 1;
 /// (2**61 samples at a billion per second take 73 years.)
 pub const MAX_SAMPLES_CAP: u64 = 1 << 61;
 
+/// The id of "no window yet", SPEC's initial `cur_id`/`closed_id`. Window ids
+/// here are SPEC's shifted down by one (`t // window_ms`, not `+ 1`), so
+/// that every clock reading has one: `i64::MAX // 1 + 1` does not fit, and a
+/// 1 ms Stat at that instant never closed its windows. Clocks never read
+/// below 0 (`clock::MIN_OVERRIDE_MS`, and the monotonic clock counts from
+/// boot), so no window has this id.
+const NO_WINDOW: i64 = -1;
+
 /// Placeholder for "no sample yet" in the min/max cells.
 const EMPTY_BITS: u64 = 0x7ff8_dead_beef_0001;
 const CANONICAL_NAN_BITS: u64 = 0x7ff8_0000_0000_0000;
@@ -423,12 +431,12 @@ impl Stat {
             window_ms,
             max_samples: (max_samples.max(1) as u64).min(MAX_SAMPLES_CAP),
             needs: Needs::of(aggregations),
-            cur_id: AtomicI64::new(0),
+            cur_id: AtomicI64::new(NO_WINDOW),
             head: AtomicU64::new(0),
             phases: [Phase::new(), Phase::new()],
             locked: Mutex::new(Locked {
                 prev: WindowStats::EMPTY,
-                closed_id: 0,
+                closed_id: NO_WINDOW,
             }),
         }
     }
@@ -437,9 +445,10 @@ impl Stat {
         self.window_ms
     }
 
+    /// The id of the window holding `now_ms` (see `NO_WINDOW`).
     #[inline]
     pub fn window_id(&self, now_ms: i64) -> i64 {
-        now_ms.div_euclid(self.window_ms) + 1
+        now_ms.div_euclid(self.window_ms)
     }
 
     /// `window_id(now_ms)`, without the division (a 64-bit `idiv`, tens of
@@ -448,8 +457,12 @@ impl Stat {
     #[inline(always)]
     fn window_of(&self, now_ms: i64) -> i64 {
         let open = self.cur_id.load(Ordering::Relaxed);
-        let start = (open - 1).saturating_mul(self.window_ms);
-        if now_ms >= start && now_ms - start < self.window_ms {
+        // `open * window_ms` is at most a clock reading, or `-window_ms` for
+        // NO_WINDOW, so it cannot overflow. One unsigned comparison is
+        // `start <= now_ms < start + window_ms` without overflowing near
+        // i64::MAX: a `now_ms` below `start` wraps to a huge difference.
+        let start = open.wrapping_mul(self.window_ms);
+        if (now_ms.wrapping_sub(start) as u64) < self.window_ms as u64 {
             open
         } else {
             self.window_id(now_ms)
@@ -850,6 +863,31 @@ mod tests {
             assert_eq!(windows(s.add_at(1.0, 0)).len(), 1);
             assert!(windows(s.add_at(1.0, 0)).is_empty());
         }
+    }
+
+    #[test]
+    fn windows_close_up_to_the_last_millisecond_of_the_clock() {
+        for window_ms in [1, 2, 7, 1000, i64::MAX] {
+            let s = Stat::new(&[Sum, Count], window_ms, i64::MAX);
+            // A fresh Stat's first add, then one add per millisecond.
+            let start = i64::MAX - 3;
+            let mut closed_sums = Vec::new();
+            for (i, now) in (start..=i64::MAX).enumerate() {
+                closed_sums.extend(windows(s.add_at(i as f64, now)).iter().map(|w| w.sum));
+            }
+            let ids: Vec<i64> = (start..=i64::MAX).map(|t| t / window_ms).collect();
+            let expected_closes = ids.windows(2).filter(|p| p[0] != p[1]).count();
+            assert_eq!(closed_sums.len(), expected_closes, "window {window_ms} ms");
+            let last = ids[ids.len() - 1];
+            let open = ids.iter().filter(|&&id| id == last).count();
+            assert_eq!(s.count() as usize, open, "window {window_ms} ms");
+        }
+        // 1 ms windows: each add closes the one before.
+        let s = Stat::new(&[Sum], 1, i64::MAX);
+        assert!(windows(s.add_at(1.0, i64::MAX - 1)).is_empty());
+        let closed = windows(s.add_at(2.0, i64::MAX));
+        assert_eq!(closed.iter().map(|w| w.sum).collect::<Vec<_>>(), [1.0]);
+        assert_eq!(s.flush().map(|w| w.sum), Some(2.0));
     }
 
     #[test]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import math
 import re
 import subprocess
 import sys
@@ -252,16 +253,81 @@ def test_summarize_on_the_demo_log_prints_every_stat(demo, demo_events):
     assert any(r[:2] == ["train.epoch_end", str(EPOCHS)] for r in rows)
 
 
-def test_summarize_malformed_file_exits_2_with_a_message(tmp_path):
+def test_summarize_strict_exits_2_at_a_malformed_line(tmp_path):
     log = tmp_path / "bad.jsonl"
     write_log(log, [stat_event(1, {"a.sum": 1.0})])
     with log.open("a") as f:
         f.write("{this is not json\n")
-    result = run_cli("summarize", str(log))
+    result = run_cli("summarize", "--strict", str(log))
     assert result.returncode == 2
-    assert str(log) in result.stderr
-    assert "Traceback" not in result.stderr
-    assert result.stderr.startswith("torchmon summarize: ")
+    assert result.stderr == f"torchmon summarize: {log}:2: not valid JSON: " + (
+        "Expecting property name enclosed in double quotes: line 1 column 2 (char 1)\n"
+    )
+
+
+def test_summarize_skips_unreadable_lines_and_says_how_many(tmp_path):
+    """A torn line (a writer killed mid-line) and a line json cannot read do
+    not hide the windows after them (docs/cli.md)."""
+    log = tmp_path / "torn.jsonl"
+    write_log(log, [stat_event(1, {"a.sum": 1.0})])
+    with log.open("a") as f:
+        f.write('{"name":"torch.monitor.Stat","timest\n' + "[" * 100_000 + "\n")
+    write_log(log, [stat_event(2, {"a.sum": 2.0}), stat_event(3, {"a.sum": 4.0})])
+    result = run_cli("summarize", str(log))
+    assert result.returncode == 0, result.stderr
+    rows = [line.split() for line in result.stdout.splitlines()]
+    assert ["a", "sum", "3", "4", "2.33333", "1", "4"] in rows
+    assert result.stderr.startswith(
+        f"torchmon summarize: skipped 2 unreadable lines (the first: {log}:2: not valid JSON: "
+    )
+    assert result.stderr.endswith("; --strict stops at it instead\n")
+    assert result.stderr.count("\n") == 1
+    # json's recursion limit is a one-line error too, not a traceback.
+    (tmp_path / "nested.jsonl").write_text("[" * 100_000 + "\n")
+    strict = run_cli("summarize", "--strict", str(tmp_path / "nested.jsonl"))
+    assert strict.returncode == 2
+    assert strict.stderr == (
+        f"torchmon summarize: {tmp_path / 'nested.jsonl'}:1: not readable: JSON nested too deeply\n"
+    )
+
+
+@pytest.mark.parametrize(
+    ("line", "message"),
+    [
+        ("[" * 100_000, "not readable: JSON nested too deeply"),
+        ('{"name":"x","timestamp":"2020-01-01T00:00:00","data":{"a":%s}}' % ("7" * 5000), "digits"),
+    ],
+)
+def test_lines_beyond_json_limits_are_one_line_errors(tmp_path, line, message):
+    """read_jsonl's RecursionError and int-digits ValueError used to escape
+    as tracebacks (docs/cli.md: one line, exit code 2)."""
+    log = tmp_path / "deep.jsonl"
+    log.write_text(line + "\n")
+    for args in (["summarize", "--strict", str(log)], ["to-tensorboard", str(log), "tb"]):
+        result = run_cli(*args)
+        assert result.returncode == 2, result.stderr
+        assert result.stderr.startswith(f"torchmon {args[0]}: {log}:1: "), result.stderr
+        assert message in result.stderr
+        assert result.stderr.count("\n") == 1, result.stderr
+
+
+def test_summarize_series_with_infinities_and_huge_values(tmp_path, capsys):
+    """Valid logs on which math.fsum raises: inf with -inf, and a sum past
+    the float range."""
+    log = tmp_path / "log.jsonl"
+    write_log(
+        log,
+        [
+            stat_event(1, {"x.max": math.inf, "y.sum": 1.5e308, "z.min": -math.inf}),
+            stat_event(2, {"x.max": -math.inf, "y.sum": 1.7e308, "z.min": 1.0}),
+            stat_event(3, {"x.max": 2.0, "y.sum": 1.6e308, "z.min": math.nan}),
+        ],
+    )
+    assert main(["summarize", str(log)]) == 0
+    rows = [line.split() for line in capsys.readouterr().out.splitlines()]
+    assert ["x", "max", "3", "2", "nan", "-inf", "inf"] in rows
+    assert ["y", "sum", "3", "1.6e+308", "1.6e+308", "1.5e+308", "1.7e+308"] in rows
+    assert ["z", "min", "3", "nan", "-inf", "-inf", "1"] in rows
 
 
 def test_summarize_missing_file_exits_2(tmp_path, capsys):

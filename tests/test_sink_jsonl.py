@@ -430,6 +430,9 @@ GOOD = '{"name":"ok","timestamp":"2020-01-01T00:00:00","data":{}}'
         ('{"name":"x","timestamp":"2020-01-01T00:00:00","data":{"\\udc00":1}}', "surrogate"),
         ('{"name":"x","timestamp":"2020-01-01T00:00:00","fold":2,"data":{}}', "fold"),
         ('{"name":"x","timestamp":"2020-01-01T00:00:00","fold":true,"data":{}}', "fold"),
+        # json's own limits: its recursion depth and sys.get_int_max_str_digits()
+        ("[" * 100_000, "nested too deeply"),
+        ('{"name":"x","timestamp":"2020-01-01T00:00:00","data":{"a":%s}}' % ("7" * 5000), "digits"),
     ],
 )
 def test_malformed_line_names_file_and_line(tmp_path: Path, line: str, message: str) -> None:

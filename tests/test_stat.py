@@ -317,6 +317,22 @@ def test_window_size_is_truncated_to_one_ms(recorder, window: object) -> None:
         assert recorder.stat_data == [{"s.sum": 3.0}, {"s.sum": 4.0}]
 
 
+@pytest.mark.parametrize(("window", "ms"), [(1.001, 1001), (2.01, 2010), (0.0105, 10)])
+def test_float_seconds_are_the_decimal_repr_shows_truncated(recorder, window, ms) -> None:
+    """1.001 s is 1001 ms, although 1.001 * 1000 is 1000.9999999999999 and
+    2.01 * 1000 is 2009.9999999999998 (docs/api.md; torch truncates the
+    product, docs/compatibility.md)."""
+    with ManualClock(0) as clock:
+        stat = Stat("s", [SUM], window)
+        stat.add(1.0)
+        clock.set(ms - 1)
+        stat.add(2.0)
+        assert recorder.stat_data == []
+        clock.set(ms)
+        stat.add(4.0)
+        assert recorder.stat_data == [{"s.sum": 3.0}]
+
+
 @pytest.mark.parametrize("window", [1.0009, timedelta(microseconds=1_000_999)])
 def test_window_size_truncation_drops_sub_millisecond_part(recorder, window: object) -> None:
     with ManualClock(0) as clock:
@@ -968,3 +984,33 @@ def test_stats_with_different_windows_are_independent(recorder) -> None:
         slow_events = [d for d in recorder.stat_data if "slow.sum" in d]
         assert fast_events == [{"fast.sum": 1.0}] * 10
         assert slow_events == [{"slow.sum": 10.0}]
+
+
+def test_repr_of_windows_longer_than_a_timedelta_holds() -> None:
+    """The constructor takes windows up to 2**63 - 1 ms as float seconds,
+    beyond timedelta.max (docs/api.md, repr)."""
+    longest = timedelta.max // timedelta(milliseconds=1)
+    as_timedelta = timedelta(milliseconds=longest)
+    assert f"window_size={as_timedelta!r}," in repr(Stat("s", [SUM], timedelta.max))
+    assert "window_size=1000000000000000.000," in repr(Stat("s", [SUM], 1e15))
+    text = repr(Stat("s", [SUM], (longest + 1) / 1000))
+    assert f"window_size={(longest + 1) // 1000}.{(longest + 1) % 1000:03}," in text
+
+
+@pytest.mark.parametrize("window_ms", [1, 3])
+def test_windows_close_at_the_last_milliseconds_of_the_manual_clock(recorder, window_ms) -> None:
+    """ManualClock goes up to 2**63 - 1 ms (docs/api.md); windows close there too."""
+    last = 2**63 - 1
+    with ManualClock(last - 5) as clock:
+        stat = Stat("s", [SUM], timedelta(milliseconds=window_ms))
+        for t in range(last - 5, last + 1):
+            clock.set(t)
+            stat.add(float(t - (last - 5)))  # 0.0 to 5.0, one per millisecond
+    sums: dict[int, float] = {}
+    for t in range(last - 5, last + 1):
+        sums[t // window_ms] = sums.get(t // window_ms, 0.0) + float(t - (last - 5))
+    closed = list(sums.values())[:-1]  # the last window is still open
+    assert recorder.stat_data == [{"s.sum": value} for value in closed]
+    assert stat.count == sum(
+        1 for t in range(last - 5, last + 1) if t // window_ms == last // window_ms
+    )

@@ -658,13 +658,24 @@ def test_defaults_and_properties():
     [
         (timedelta(milliseconds=1), timedelta(milliseconds=1)),
         (0.0015, timedelta(milliseconds=1)),  # truncated to whole ms
+        (0.0019999, timedelta(milliseconds=1)),  # not rounded to 2000 µs first
         (4.35, timedelta(milliseconds=4350)),  # not 4349 from 4.35 * 1000
+        (1.001, timedelta(milliseconds=1001)),  # not 1000 from 1.001 * 1000
         (2, timedelta(seconds=2)),  # an int number of seconds is fine here
         (timedelta(microseconds=2500), timedelta(milliseconds=2)),
     ],
 )
 def test_window_size_forms(window, expected):
     assert WaitCounter(fresh_key("window"), window).window_size == expected
+
+
+@pytest.mark.parametrize(
+    "seconds", [1.001, 4.35, 0.0019999, 0.0015, 1.0009, 2.675, 0.1 + 0.2, 3600.0005, 1e9 + 0.001]
+)
+def test_window_in_seconds_is_converted_as_stat_converts_it(seconds):
+    """One conversion for both (docs/api.md): the same window in ms."""
+    counter = WaitCounter(fresh_key("seconds"), seconds)
+    assert f"window_size={counter.window_size!r}," in repr(torchmon.Stat("s", [], seconds))
 
 
 @pytest.mark.parametrize(

@@ -22,7 +22,7 @@ from datetime import timedelta
 from types import TracebackType
 from typing import Any, TypeVar, Union, cast
 
-from ._core import Aggregation, Stat
+from ._core import Aggregation, Stat, _window_ms_of_seconds
 from ._forksafe import new_lock
 
 __all__ = ["WaitCounter", "_WaitCounter", "_WaitCounterTracker"]
@@ -30,6 +30,7 @@ __all__ = ["WaitCounter", "_WaitCounter", "_WaitCounterTracker"]
 _DEFAULT_WINDOW = timedelta(seconds=60)
 _AGGREGATIONS = (Aggregation.COUNT, Aggregation.SUM, Aggregation.MAX)
 _MS = timedelta(milliseconds=1)
+_MAX_WINDOW_MS = timedelta.max // _MS
 
 # One Stat per key for the whole process, as torch's counters are global:
 # key -> (window in ms, Stat). Kept (only _discard_counter removes one), so a
@@ -61,14 +62,14 @@ def _window_ms(window_size: object, owner: str) -> int:
     """``window_size`` (a timedelta or a number of seconds) in whole milliseconds."""
     if isinstance(window_size, timedelta):
         ms = window_size // _MS
-    elif isinstance(window_size, (int, float)) and not isinstance(window_size, bool):
-        if isinstance(window_size, float) and not math.isfinite(window_size):
+    elif isinstance(window_size, int) and not isinstance(window_size, bool):
+        ms = window_size * 1000
+    elif isinstance(window_size, float):
+        if not math.isfinite(window_size):
             raise ValueError(f"{owner}(window_size): must be finite, got {window_size!r}")
-        try:
-            # Through timedelta (whole microseconds), so 4.35 s is 4350 ms, not 4349.
-            ms = timedelta(seconds=window_size) // _MS
-        except OverflowError:
-            raise ValueError(f"{owner}(window_size): too large, got {window_size!r} s") from None
+        # Stat's own conversion (docs/api.md): the decimal that repr shows,
+        # truncated, so that 1.001 s is 1001 ms in both.
+        ms = _window_ms_of_seconds(window_size)
     else:
         raise TypeError(
             f"{owner}(window_size): must be a datetime.timedelta or a number of seconds, "
@@ -78,6 +79,8 @@ def _window_ms(window_size: object, owner: str) -> int:
         raise ValueError(
             f"{owner}(window_size): must be at least 1 millisecond, got {window_size!r}"
         )
+    if ms > _MAX_WINDOW_MS:  # WaitCounter.window_size is a timedelta
+        raise ValueError(f"{owner}(window_size): too large, got {window_size!r} s")
     return int(ms)
 
 

@@ -1,7 +1,7 @@
 """The ``torchmon`` command (also ``python -m torchmon``).
 
     torchmon demo [--logdir DIR] [--epochs N] [--steps N] [--seed S]
-    torchmon summarize FILE.jsonl
+    torchmon summarize FILE.jsonl [--strict]
     torchmon to-tensorboard FILE.jsonl LOGDIR [--step-field FIELD]
     torchmon --version
 
@@ -59,7 +59,15 @@ class _CliError(Exception):
 
 
 def _read_events(path: str) -> list[Event]:
-    """Every event of a JSON-lines log, or a _CliError that says what is wrong."""
+    """Every event of a JSON-lines log, or a _CliError that says what is wrong
+    (the first unreadable line included)."""
+    return _read_log(path, "raise")[0]
+
+
+def _read_log(path: str, errors: str) -> tuple[list[Event], int, str | None]:
+    """The events of a JSON-lines log read with ``read_jsonl(path,
+    errors=errors)``, how many unreadable lines were skipped, and the first
+    one's message; or a _CliError that says what is wrong."""
     from .handlers.jsonl import read_jsonl
 
     file = Path(path)
@@ -67,13 +75,15 @@ def _read_events(path: str) -> list[Event]:
         raise _CliError(f"{path}: no such file")
     if file.is_dir():
         raise _CliError(f"{path}: is a directory, not a JSON-lines file")
+    reader = read_jsonl(path, errors=errors)
     try:
-        return list(read_jsonl(path))
+        events = list(reader)
     except ValueError as exc:  # read_jsonl's messages start with "<path>:<line>:"
         detail = str(exc)
         raise _CliError(detail if detail.startswith(path) else f"{path}: {detail}") from None
     except OSError as exc:
         raise _CliError(f"{path}: cannot read: {exc.strerror or exc}") from None
+    return events, reader.skipped, reader.first_skipped
 
 
 def _split_stat_key(key: str) -> tuple[str, str]:
@@ -121,16 +131,16 @@ class _Summary:
         rows = [["stat", "aggregation", "windows", "last", "mean", "min", "max"]]
         for stat in sorted(self.stats):
             for agg, values in self.stats[stat].items():
-                finite = [v for v in values if not math.isnan(v)]
+                numbers = [v for v in values if not math.isnan(v)]
                 rows.append(
                     [
                         stat,
                         agg or "-",
                         str(self.windows[stat]),
                         _number(values[-1]),
-                        _number(math.fsum(finite) / len(finite)) if finite else "nan",
-                        _number(min(finite)) if finite else "nan",
-                        _number(max(finite)) if finite else "nan",
+                        _number(_mean(numbers)) if numbers else "nan",
+                        _number(min(numbers)) if numbers else "nan",
+                        _number(max(numbers)) if numbers else "nan",
                     ]
                 )
         return rows
@@ -151,6 +161,20 @@ class _Summary:
         if self.others:
             print(file=out)
             _write_table(self.other_rows(), out, numeric_from=1, numeric_to=2)
+
+
+def _mean(values: list[float]) -> float:
+    """The mean of non-NaN ``values``, as IEEE arithmetic has it where
+    ``math.fsum`` raises: inf and -inf give NaN, and a sum beyond the float
+    range (two values near 1e308) is no reason for the mean to be."""
+    if math.inf in values:
+        return math.nan if -math.inf in values else math.inf
+    if -math.inf in values:
+        return -math.inf
+    try:
+        return math.fsum(values) / len(values)
+    except OverflowError:
+        return math.fsum(v / len(values) for v in values)
 
 
 def _number(value: float) -> str:
@@ -409,7 +433,16 @@ def _training_loop(args: argparse.Namespace, out: TextIO, err: TextIO) -> None:
 
 
 def _summarize(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
-    events = _read_events(args.file)
+    events, skipped, first_skipped = _read_log(args.file, "raise" if args.strict else "skip")
+    if skipped:
+        # A torn line (a writer killed mid-line, a full disk) must not hide
+        # the rest of the log; the count says what was left out.
+        lines = "line" if skipped == 1 else "lines"
+        print(
+            f"torchmon summarize: skipped {skipped} unreadable {lines} "
+            f"(the first: {first_skipped}); --strict stops at it instead",
+            file=err,
+        )
     if not events:
         print(f"{args.file}: no events", file=out)
         return _EXIT_OK
@@ -484,6 +517,14 @@ def _parser() -> argparse.ArgumentParser:
         ),
     )
     summarize.add_argument("file", metavar="FILE.jsonl")
+    summarize.add_argument(
+        "--strict",
+        action="store_true",
+        help=(
+            "stop at the first unreadable line (exit code 2) instead of skipping "
+            "unreadable lines and saying how many"
+        ),
+    )
     summarize.set_defaults(run=_summarize)
 
     convert = commands.add_parser(

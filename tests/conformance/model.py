@@ -16,6 +16,7 @@ monotonic clock.  The model is single-threaded: it has no locks.
 import atexit
 import collections.abc
 import datetime
+import decimal
 import enum
 import math
 import numbers
@@ -165,15 +166,16 @@ def _as_aggregations(aggregations):
 
 
 def _window_ms(w):
-    """Window length in whole ms, truncated toward zero like C++ duration_cast."""
+    """Window length in whole ms, truncated toward zero like C++ duration_cast;
+    float seconds as the decimal repr() shows (docs/api.md: torch truncates
+    w * 1000.0 instead, so 1.001 s is 1000 ms there)."""
     if isinstance(w, datetime.timedelta):
         us = (w.days * 86_400 + w.seconds) * 1_000_000 + w.microseconds
         ms = abs(us) // 1000 * (1 if us >= 0 else -1)
     else:
-        scaled = w * 1000.0
-        if not math.isfinite(scaled):
+        if not math.isfinite(w):
             raise ValueError(f"window_size must be finite, got {w!r}")
-        ms = math.trunc(scaled)
+        ms = int(decimal.Decimal(repr(w)) * 1000)
     if ms < 1:  # torch: SIGFPE below 1 ms, undefined behaviour when negative
         raise ValueError(f"window_size must be at least 1 ms, got {w!r}")
     if ms > INT64_MAX:

@@ -31,7 +31,7 @@ import json
 import math
 import os
 import re
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 from datetime import datetime, timedelta, timezone
 from types import TracebackType
 from typing import Any, BinaryIO
@@ -39,7 +39,7 @@ from typing import Any, BinaryIO
 from .._core import Event
 from .._forksafe import new_lock
 
-__all__ = ["FLOAT_TAG", "JsonlEventHandler", "read_jsonl"]
+__all__ = ["FLOAT_TAG", "JsonlEventHandler", "JsonlReader", "read_jsonl"]
 
 #: The key of the object that encodes a non-finite float (``{"$float": "nan"}``).
 FLOAT_TAG = "$float"
@@ -89,6 +89,17 @@ def _encode_event(event: Event) -> bytes:
     return line.encode("utf-8") + b"\n"
 
 
+def _ends_in_newline(path: str, size: int) -> bool:
+    """Whether the ``size``-byte file at ``path`` ends in a newline (``False``
+    when it cannot be read: a blank line is the worst that can come of it)."""
+    try:
+        with open(path, "rb", buffering=0) as file:
+            file.seek(size - 1)
+            return file.read(1) == b"\n"
+    except OSError:
+        return False
+
+
 class JsonlEventHandler:
     """An event handler appending each event as one JSON line to ``path``.
 
@@ -99,8 +110,9 @@ class JsonlEventHandler:
     - The file is opened in append mode when the handler is created (its
       directory must exist), so earlier lines are kept.
     - Every event is written with one ``write`` call on an unbuffered file:
-      another process tailing the file sees whole lines as soon as the
-      handler returns (the data reaches the OS, it is not ``fsync``-ed).
+      it reaches the OS before the handler returns (it is not
+      ``fsync``-ed). :func:`read_jsonl` in another process sees whole
+      events only: it leaves out an unfinished last line.
     - ``max_bytes``: when set, no file grows beyond that many bytes (unless a
       single line is longer, which then gets a file of its own): before a
       line that would not fit, the file is rotated like
@@ -108,13 +120,29 @@ class JsonlEventHandler:
       -> ``path.2`` ... up to ``path.<backup_count>``, the oldest dropped.
       With ``backup_count=0`` the file is emptied instead. The size is counted
       by this handler, so rotation assumes it is the only writer of ``path``.
+      When ``path`` cannot be opened again while rotating (its directory was
+      removed), that event raises the ``OSError``, and each later event tries
+      again; the handler is not closed.
     - Thread-safe: concurrent events are written whole, one line each.
+    - A write that fails (a full disk) raises, and the part of the line
+      already written is cut off again, so the file keeps ending in a whole
+      line; a file that does not end in a newline when opened (its writer
+      was killed mid-line) gets a newline before the first line.
     - ``close()`` (or leaving a ``with`` block) closes the file; an event
       handed to a closed handler raises ``ValueError``. Unregister the
       handler before closing it.
     """
 
-    __slots__ = ("_backup_count", "_file", "_lock", "_max_bytes", "_path", "_size")
+    __slots__ = (
+        "_backup_count",
+        "_closed",
+        "_file",
+        "_lock",
+        "_max_bytes",
+        "_new_line_first",
+        "_path",
+        "_size",
+    )
 
     def __init__(
         self,
@@ -142,8 +170,11 @@ class JsonlEventHandler:
         self._max_bytes = max_bytes
         self._backup_count = backup_count
         self._lock = new_lock()
+        self._size = 0
+        self._new_line_first = False
+        self._closed = False
+        # None while closed, or after reopening the file failed (rotation).
         self._file: BinaryIO | None = self._open()
-        self._size = os.fstat(self._file.fileno()).st_size
 
     @property
     def path(self) -> str:
@@ -153,33 +184,78 @@ class JsonlEventHandler:
     @property
     def closed(self) -> bool:
         """Whether :meth:`close` was called."""
-        return self._file is None
+        return self._closed
 
     def _open(self) -> BinaryIO:
-        return open(self._path, "ab", buffering=0)
+        """Opens ``path`` for appending; sets ``_size`` and whether the next
+        line must begin with a newline (the file ends in part of a line)."""
+        file = open(self._path, "ab", buffering=0)
+        try:
+            size = os.fstat(file.fileno()).st_size
+        except BaseException:
+            file.close()
+            raise
+        self._size = size
+        self._new_line_first = size > 0 and not _ends_in_newline(self._path, size)
+        return file
 
     def __call__(self, event: Event) -> None:
         line = _encode_event(event)
         with self._lock:
-            file = self._file
-            if file is None:
+            if self._closed:
                 raise ValueError(f"JsonlEventHandler({self._path!r}) is closed")
+            file = self._file
+            if file is None:  # reopening it failed when rotating: try again
+                file = self._reopen()
             if (
                 self._max_bytes is not None
                 and self._size > 0
                 and self._size + len(line) > self._max_bytes
             ):
                 file = self._rotate(file)
-            view = memoryview(line)
-            while view:  # one write for a regular file; a short write is finished
-                view = view[file.write(view) :]
-            self._size += len(line)
+            if self._new_line_first:
+                line = b"\n" + line
+            self._write(file, line)
+
+    def _write(self, file: BinaryIO, line: bytes) -> None:
+        """Writes ``line`` whole, or leaves the file ending where it did
+        (docs/sinks.md, "Faults"). Called with the lock held."""
+        written = 0
+        try:
+            written = file.write(line)
+            while written < len(line):  # a short write (a full disk): finish it, or fail
+                written += file.write(memoryview(line)[written:])
+        except BaseException:
+            # ENOSPC, EFBIG, EIO, or KeyboardInterrupt between two writes.
+            if written:
+                self._take_back(file, written)
+            raise
+        self._size += written
+        self._new_line_first = False
+
+    def _take_back(self, file: BinaryIO, written: int) -> None:
+        """Removes the ``written`` bytes of a line that failed, so that the
+        file ends in a whole line again; when that is not possible, the next
+        line begins with a newline instead, and the part stays as one
+        unreadable line (``read_jsonl(errors="skip")`` skips it)."""
+        try:
+            end = file.tell()  # append mode: just after our bytes
+            # Not when another process appended since: that would cut its lines.
+            if os.fstat(file.fileno()).st_size == end:
+                file.truncate(end - written)
+                self._size = end - written
+                return
+        except OSError:
+            pass
+        self._size += written
+        self._new_line_first = True
 
     def _rotate(self, file: BinaryIO) -> BinaryIO:
         """Called with the lock held; returns the new (empty) file."""
         if self._backup_count == 0:
             file.truncate(0)
             self._size = 0
+            self._new_line_first = False
             return file
         file.close()
         self._file = None
@@ -192,15 +268,31 @@ class JsonlEventHandler:
                 os.replace(self._path, f"{self._path}.1")
         finally:
             # Even when a rename failed, keep writing (to the file still at path).
+            file = self._reopen()
+        return file
+
+    def _reopen(self) -> BinaryIO:
+        """Opens ``path`` again after a rotation; an error names its cause.
+        Called with the lock held."""
+        try:
             file = self._open()
-            self._file = file
-            self._size = os.fstat(file.fileno()).st_size
+        except OSError as exc:
+            # Not "closed": the next event tries again, and writes once the
+            # path can be opened (docs/sinks.md, "Rotation").
+            raise OSError(
+                exc.errno,
+                "JsonlEventHandler: cannot reopen the file after rotating it "
+                f"({exc.strerror}); the event was not written, the next one tries again",
+                self._path,
+            ) from exc
+        self._file = file
         return file
 
     def close(self) -> None:
         """Closes the file (a second call does nothing)."""
         with self._lock:
             file, self._file = self._file, None
+            self._closed = True
         if file is not None:
             file.close()
 
@@ -219,7 +311,12 @@ class JsonlEventHandler:
         extra = ""
         if self._max_bytes is not None:
             extra = f", max_bytes={self._max_bytes}, backup_count={self._backup_count}"
-        state = ", closed" if self._file is None else ""
+        if self._closed:
+            state = ", closed"
+        elif self._file is None:
+            state = ", not open: reopening after a rotation failed"
+        else:
+            state = ""
         return f"JsonlEventHandler({self._path!r}{extra}){state}"
 
 
@@ -298,6 +395,10 @@ def _decode_line(line: str) -> Event:
         record = json.loads(line)
     except json.JSONDecodeError as exc:
         raise _LineError(f"not valid JSON: {exc}") from None
+    except RecursionError:
+        raise _LineError("not readable: JSON nested too deeply") from None
+    except ValueError as exc:  # an integer beyond sys.get_int_max_str_digits()
+        raise _LineError(f"not readable: {exc}") from None
     if not isinstance(record, dict):
         raise _LineError(f"must be a JSON object, not {_json_kind(record)}")
     for field in ("name", "timestamp", "data"):
@@ -328,34 +429,117 @@ def _decode_line(line: str) -> Event:
         raise _LineError(f"not a valid event: {exc}") from None
 
 
-def read_jsonl(path: str | os.PathLike[str]) -> Iterator[Event]:
+_ERRORS = ("raise", "skip")
+
+
+def read_jsonl(path: str | os.PathLike[str], *, errors: str = "raise") -> JsonlReader:
     """Yields the events of a file written by :class:`JsonlEventHandler`, in order.
 
     Each event equals the one written: same name, an equal timestamp (with
     the same UTC offset when it had one; a tz-aware timestamp comes back with
     a fixed-offset ``datetime.timezone``), and the same data, value types
-    included. Blank lines are skipped. A line that is not a valid event
-    raises ``ValueError`` naming the file and the line number
-    (``"events.jsonl:3: ..."``). The non-standard ``NaN``/``Infinity``
+    included. Blank lines are skipped. The non-standard ``NaN``/``Infinity``
     literals of Python's ``json`` module are read as floats too.
 
-    To read a rotated set oldest first, chain the files:
+    A last line without its ``"\\n"`` that is not a whole event is a line
+    still being written (or cut short by a crash): it is left out, and is
+    not an error. Every other line that is not a valid event is unreadable:
+
+    - ``errors="raise"`` (the default): ``ValueError`` naming the file and
+      the line number (``"events.jsonl:3: ..."``);
+    - ``errors="skip"``: the line is skipped and counted in the returned
+      reader's ``skipped`` (``first_skipped`` holds the first one's message).
+
+    Returns a :class:`JsonlReader`, an iterator that opens the file when
+    first iterated. To read a rotated set oldest first, chain the files:
     ``itertools.chain(read_jsonl("e.jsonl.2"), read_jsonl("e.jsonl.1"), read_jsonl("e.jsonl"))``.
     """
-    return _read(_path_arg(path, "read_jsonl(path)"))
+    text = _path_arg(path, "read_jsonl(path)")
+    if not isinstance(errors, str):
+        raise TypeError(f"read_jsonl(errors): must be a str, not {type(errors).__name__}")
+    if errors not in _ERRORS:
+        raise ValueError(f"read_jsonl(errors): must be 'raise' or 'skip', got {errors!r}")
+    return JsonlReader(text, errors)
 
 
-def _read(path: str) -> Iterator[Event]:
-    with open(path, "rb") as file:
-        for lineno, raw in enumerate(file, 1):
-            try:
-                line = raw.decode("utf-8")
-            except UnicodeDecodeError as exc:
-                raise ValueError(f"{path}:{lineno}: not UTF-8: {exc}") from None
-            if not line.strip(" \t\r\n"):
-                continue
-            try:
-                event = _decode_line(line)
-            except _LineError as exc:
-                raise ValueError(f"{path}:{lineno}: {exc}") from None
-            yield event
+class JsonlReader(Iterator[Event]):
+    """The iterator :func:`read_jsonl` returns: the events of one file.
+
+    - ``path``: the file; ``errors``: ``"raise"`` or ``"skip"``.
+    - ``skipped``: how many unreadable lines were skipped so far
+      (``errors="skip"``; always 0 with ``"raise"``).
+    - ``first_skipped``: the message of the first skipped line
+      (``"events.jsonl:3: not valid JSON: ..."``), or ``None``.
+    - ``close()`` closes the file before the end (also done when the reader
+      is garbage-collected).
+    """
+
+    __slots__ = ("_events", "errors", "first_skipped", "path", "skipped")
+
+    def __init__(self, path: str, errors: str) -> None:
+        self.path = path
+        self.errors = errors
+        self.skipped = 0
+        self.first_skipped: str | None = None
+        self._events = self._read()
+
+    def __iter__(self) -> JsonlReader:
+        return self
+
+    def __next__(self) -> Event:
+        return next(self._events)
+
+    def close(self) -> None:
+        """Closes the file; the iterator is then exhausted."""
+        self._events.close()
+
+    def _unreadable(self, message: str) -> None:
+        if self.errors == "raise":
+            raise ValueError(message)
+        self.skipped += 1
+        if self.first_skipped is None:
+            self.first_skipped = message
+
+    def _read(self) -> Generator[Event, None, None]:
+        path = self.path
+        with open(path, "rb") as file:
+            for lineno, raw in enumerate(file, 1):
+                if not raw.endswith(b"\n"):
+                    # A line without its newline is the last one read: a
+                    # writer is still writing it, or was killed halfway
+                    # (docs/sinks.md, "Reading"). It counts only when whole.
+                    # Nothing after it is read, even if the file grew since.
+                    event = self._unfinished(raw)
+                    if event is not None:
+                        yield event
+                    return
+                try:
+                    line = raw.decode("utf-8")
+                except UnicodeDecodeError as exc:
+                    self._unreadable(f"{path}:{lineno}: not UTF-8: {exc}")
+                    continue
+                if not line.strip(" \t\r\n"):
+                    continue
+                try:
+                    event = _decode_line(line)
+                except _LineError as exc:
+                    self._unreadable(f"{path}:{lineno}: {exc}")
+                    continue
+                yield event
+
+    @staticmethod
+    def _unfinished(raw: bytes) -> Event | None:
+        """The event of an unterminated last line if it is a whole one."""
+        try:
+            line = raw.decode("utf-8")
+        except UnicodeDecodeError:
+            return None
+        if not line.strip(" \t\r"):
+            return None
+        try:
+            return _decode_line(line)
+        except _LineError:
+            return None
+
+    def __repr__(self) -> str:
+        return f"JsonlReader({self.path!r}, errors={self.errors!r}, skipped={self.skipped})"
