@@ -2,7 +2,7 @@
 
     torchmon demo [--logdir DIR] [--epochs N] [--steps N] [--seed S]
     torchmon summarize FILE.jsonl
-    torchmon to-tensorboard FILE.jsonl LOGDIR [--step-field FIELD]
+    torchmon to-tensorboard FILE.jsonl LOGDIR [--step-field FIELD] [--layout L] [--append]
     torchmon --version
 
 See docs/cli.md.
@@ -192,6 +192,38 @@ def _summary_writer(logdir: str) -> Any:
     return module.SummaryWriter(logdir=logdir)
 
 
+def _tensorboard_handler(writer: Any, *, step_field: str | None, layout: str = "torch") -> Any:
+    """The handler that both the demo (live) and ``to-tensorboard`` (from a log)
+    write with, so that a converted log and a live one are the same scalars at
+    the same steps (docs/cli.md)."""
+    from .handlers.tensorboard import TensorboardEventHandler
+
+    return TensorboardEventHandler(writer, other_events=True, step_field=step_field, layout=layout)
+
+
+def _event_files(directory: Path) -> list[Path]:
+    """The TensorBoard event files directly in ``directory`` (one run)."""
+    return sorted(p for p in directory.glob("*tfevents*") if p.is_file())
+
+
+def _prepare_conversion_logdir(logdir: str, *, append: bool) -> Path:
+    path = Path(logdir)
+    if path.exists() and not path.is_dir():
+        raise _CliError(f"{logdir}: exists and is not a directory")
+    if path.is_dir() and not append:
+        existing = _event_files(path)
+        if existing:
+            raise _CliError(
+                f"{logdir}: already holds {len(existing)} TensorBoard event file(s), "
+                "whose points would be shown twice; give a new directory, or --append"
+            )
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise _CliError(f"{logdir}: cannot create it: {exc.strerror or exc}") from None
+    return path
+
+
 class _CountingWriter:
     """Passes ``add_scalar`` calls on to a SummaryWriter, counting them."""
 
@@ -275,6 +307,7 @@ def _prepare_logdir(logdir: str | None) -> Path:
 
 
 _STEP_TIMER = "train.step_time_us"
+_DEMO_STEP_FIELD = "epoch"
 
 
 def _unregister_all(handles: list[Any]) -> None:
@@ -284,7 +317,6 @@ def _unregister_all(handles: list[Any]) -> None:
 
 def _demo(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     from .handlers.jsonl import JsonlEventHandler
-    from .handlers.tensorboard import TensorboardEventHandler
 
     if args.epochs < 1:
         raise _CliError("--epochs must be at least 1")
@@ -308,7 +340,7 @@ def _demo(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
         if writer is not None:
             cleanup.callback(writer.close)
             # The epoch events too, as train.epoch_end/<field> at step <epoch>.
-            tensorboard = TensorboardEventHandler(writer, other_events=True, step_field="epoch")
+            tensorboard = _tensorboard_handler(writer, step_field=_DEMO_STEP_FIELD)
             handles.append(register_event_handler(tensorboard))
         # Unregistered first (the stack runs backwards), then the sinks close.
         cleanup.callback(_unregister_all, handles)
@@ -418,17 +450,18 @@ def _summarize(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
 
 
 def _to_tensorboard(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
-    from .handlers.tensorboard import TensorboardEventHandler
-
     events = _read_events(args.file)
-    writer = _CountingWriter(_summary_writer(args.logdir))
+    logdir = _prepare_conversion_logdir(args.logdir, append=args.append)
     try:
-        # The live sink's own conversion, so a converted log looks like a live one.
-        handler = TensorboardEventHandler(writer, other_events=True, step_field=args.step_field)
-        for event in events:
-            handler(event)
-    finally:
-        writer.close()
+        writer = _CountingWriter(_summary_writer(str(logdir)))
+        try:
+            handler = _tensorboard_handler(writer, step_field=args.step_field, layout=args.layout)
+            for event in events:
+                handler(event)
+        finally:
+            writer.close()
+    except OSError as exc:
+        raise _CliError(f"{logdir}: cannot write: {exc.strerror or exc}") from None
     # The handler writes every item of a Stat event; the rest came from other events.
     from_stats = sum(len(e.data) for e in events if e.name == STAT_EVENT)
     print(
@@ -491,12 +524,30 @@ def _parser() -> argparse.ArgumentParser:
         help="convert a JSON-lines log to TensorBoard event files",
         description=(
             "Writes a JSON-lines log as TensorBoard scalars, as TensorboardEventHandler("
-            "writer, other_events=True) does live: Stat events one scalar per key, "
-            "other events' numeric fields as <name>/<field>; wall times from the events."
+            "writer, other_events=True) does live: Stat events one scalar per key at "
+            "the step of the window (1, 2, 3, ... per tag), other events' numeric "
+            "fields as <name>/<field>; wall times from the events."
         ),
     )
     convert.add_argument("file", metavar="FILE.jsonl")
     convert.add_argument("logdir", metavar="LOGDIR")
+    convert.add_argument(
+        "--append",
+        action="store_true",
+        help=(
+            "write even if LOGDIR already holds event files (by default that is "
+            "refused: a second conversion would show every point twice)"
+        ),
+    )
+    convert.add_argument(
+        "--layout",
+        choices=("torch", "grouped"),
+        default="torch",
+        help=(
+            "tags of Stat scalars: train.loss.mean (torch, the default) or "
+            "train.loss/mean (grouped: one TensorBoard section per Stat)"
+        ),
+    )
     convert.add_argument(
         "--step-field",
         metavar="FIELD",
