@@ -16,19 +16,13 @@ up as a single dot each.
 from __future__ import annotations
 
 import gc
-import json
-import re
-import subprocess
-import sys
 import time
-import urllib.parse
-import urllib.request
 from collections.abc import Iterator
 from datetime import datetime, timedelta
 from pathlib import Path
-from typing import Any
 
 import pytest
+from tensorboard_server import Server, data_server_installed, tensorboard_command
 
 import torchmon
 from torchmon import Aggregation, Stat, TensorboardEventHandler
@@ -38,7 +32,6 @@ from torchmon.testing import ManualClock
 tensorboardX = pytest.importorskip("tensorboardX", reason="needs tensorboardX (the writer)")
 pytest.importorskip("tensorboard", reason="needs tensorboard (the server)")
 
-DEADLINE = 90.0  # seconds for the server to start and load the runs
 WINDOWS = 4
 # Per window: the samples of "train.loss" and of "lr" (float32-exact values,
 # since TensorBoard stores scalars as float32).
@@ -89,64 +82,6 @@ def record(logdir: Path, jsonl: Path) -> None:
             lines.close()
 
 
-def tensorboard_command() -> list[str]:
-    script = Path(sys.executable).parent / "tensorboard"
-    if script.is_file():
-        return [str(script)]
-    return [sys.executable, "-m", "tensorboard.main"]
-
-
-def data_server_installed() -> bool:
-    try:
-        from tensorboard_data_server import server_binary  # type: ignore[import-not-found]
-    except ImportError:
-        return False
-    return server_binary() is not None
-
-
-class Server:
-    def __init__(self, logdir: Path, output: Path) -> None:
-        self.output = output
-        self._out = output.open("wb")
-        # Default loader settings: no --load_fast, --reload_interval, --samples_per_plugin.
-        self.proc = subprocess.Popen(
-            [*tensorboard_command(), "--logdir", str(logdir), "--host", "127.0.0.1", "--port", "0"],
-            stdin=subprocess.DEVNULL,
-            stdout=self._out,
-            stderr=subprocess.STDOUT,
-        )
-        self.url = self._wait_for_url()
-
-    def log(self) -> str:
-        return self.output.read_text(errors="replace")
-
-    def _wait_for_url(self) -> str:
-        # --port 0: TensorBoard binds a free port and prints it.
-        deadline = time.monotonic() + DEADLINE
-        while time.monotonic() < deadline:
-            found = re.search(r"at (http://127\.0\.0\.1:\d+/)", self.log())
-            if found:
-                return found.group(1)
-            if self.proc.poll() is not None:
-                pytest.fail(f"tensorboard exited with {self.proc.returncode}:\n{self.log()}")
-            time.sleep(0.1)
-        pytest.fail(f"tensorboard did not start within {DEADLINE} s:\n{self.log()}")
-
-    def get(self, path: str, **params: str) -> Any:
-        query = f"?{urllib.parse.urlencode(params)}" if params else ""
-        with urllib.request.urlopen(f"{self.url}{path}{query}", timeout=10) as response:
-            return json.loads(response.read())
-
-    def stop(self) -> None:
-        self.proc.terminate()
-        try:
-            self.proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait(timeout=10)
-        self._out.close()
-
-
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     root = tmp_path_factory.mktemp("tb-server")
@@ -157,51 +92,22 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
         main(["to-tensorboard", str(jsonl), str(logdir / "converted"), "--step-field", "epoch"])
         == 0
     )
-    srv = Server(logdir, root / "tensorboard.log")
+    # Default loader settings: no --load_fast, --reload_interval, --samples_per_plugin.
+    srv = Server([*tensorboard_command(), "--logdir", str(logdir)], root / "tensorboard.log")
     try:
         yield srv
     finally:
         srv.stop()
 
 
-def scalars(srv: Server, run: str) -> dict[str, list[tuple[float, int, float]]]:
-    """[(wall_time, step, value)] of every scalar tag of ``run``, from the server."""
-    tags = srv.get("data/plugin/scalars/tags").get(run, {})
-    return {
-        tag: [tuple(point) for point in srv.get("data/plugin/scalars/scalars", run=run, tag=tag)]
-        for tag in tags
-    }
-
-
-def wait_for_runs(
-    srv: Server, runs: set[str]
-) -> dict[str, dict[str, list[tuple[float, int, float]]]]:
-    """The scalars of ``runs`` once the server shows every expected tag with
-    every window (it loads in the background), or as they are at the deadline."""
-    expected = expected_points()
-    deadline = time.monotonic() + DEADLINE
-    while True:
-        try:
-            got = (
-                {run: scalars(srv, run) for run in runs}
-                if runs <= set(srv.get("data/runs"))
-                else {}
-            )
-        except OSError:  # not answering yet
-            got = {}
-        complete = bool(got) and all(
-            all(len(data.get(tag, [])) >= len(points) for tag, points in expected.items())
-            for data in got.values()
-        )
-        if complete or time.monotonic() > deadline:
-            return got
-        if srv.proc.poll() is not None:
-            pytest.fail(f"tensorboard exited with {srv.proc.returncode}:\n{srv.log()}")
-        time.sleep(0.25)
+def wait_for_runs(srv: Server) -> dict[str, dict[str, list[tuple[float, int, float]]]]:
+    return srv.wait_for(
+        {"live", "converted"}, {tag: len(p) for tag, p in expected_points().items()}
+    )
 
 
 def test_every_stat_window_is_a_point_with_its_step_and_value(server: Server) -> None:
-    got = wait_for_runs(server, {"live", "converted"})
+    got = wait_for_runs(server)
     assert sorted(server.get("data/runs")) == ["converted", "live"]
     if data_server_installed():
         # The default loader here is the Rust data server, the one that keeps a
@@ -221,5 +127,5 @@ def test_every_stat_window_is_a_point_with_its_step_and_value(server: Server) ->
 
 
 def test_a_converted_log_is_served_like_the_live_one(server: Server) -> None:
-    got = wait_for_runs(server, {"live", "converted"})
+    got = wait_for_runs(server)
     assert got["converted"] == got["live"]

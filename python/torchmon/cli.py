@@ -12,9 +12,12 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import importlib.util
 import math
 import os
 import random
+import shlex
+import shutil
 import sys
 import time
 from array import array
@@ -360,10 +363,71 @@ def _demo(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
         file=out,
     )
     _Summary(events).write(out)
-    if writer is not None:
-        print(f"\nLook at it in TensorBoard:\n  tensorboard --logdir {logdir}", file=out)
-    print(f"Summarize the log again:\n  torchmon summarize {jsonl_path}", file=out)
+    _print_next_steps(logdir, jsonl_path, tensorboard_files=writer is not None, out=out)
     return _EXIT_OK
+
+
+def _shown_path(path: Path) -> str:
+    """``path`` as the user can type it where they stand: relative to the
+    current directory when it is inside it, shell-quoted."""
+    try:
+        shown = str(Path(os.path.abspath(path)).relative_to(Path.cwd()))
+    except ValueError:
+        shown = str(path)
+    return shlex.quote(shown)
+
+
+def _script(name: str) -> str | None:
+    """How to run the console script ``name`` of this interpreter's
+    environment from the current directory: the bare name when that is what
+    PATH finds (an activated venv), else its path (``.venv/bin/tensorboard``:
+    a venv that is not activated is not on PATH); None if it is not there."""
+    scripts = Path(sys.executable).parent
+    candidates = [scripts / name, scripts / f"{name}.exe"]
+    script = next((c for c in candidates if c.is_file()), None)
+    if script is None:
+        return None
+    found = shutil.which(name)
+    if found is not None:
+        try:
+            if Path(found).samefile(script):
+                return name
+        except OSError:
+            pass
+    shown = _shown_path(script)
+    # A shell looks a word without a slash up on PATH: a script in the current
+    # directory itself needs "./".
+    return shown if os.sep in shown or "/" in shown else f"./{shown}"
+
+
+def _print_next_steps(
+    logdir: Path, jsonl_path: Path, *, tensorboard_files: bool, out: TextIO
+) -> None:
+    """The commands to look at the demo's output, each runnable as printed
+    from the current directory (docs/cli.md)."""
+    python = _shown_path(Path(sys.executable))
+    if tensorboard_files:
+        tensorboard = _script("tensorboard")
+        if tensorboard is None and importlib.util.find_spec("tensorboard") is not None:
+            tensorboard = f"{python} -m tensorboard.main"
+        if tensorboard is not None:
+            print(
+                f"\nLook at it in TensorBoard (then open the address it prints):\n"
+                f"  {tensorboard} --logdir {_shown_path(logdir)}",
+                file=out,
+            )
+        else:
+            print(
+                "\nTo look at it in TensorBoard, install TensorBoard (tensorboardX only "
+                f"writes the files):\n  {python} -m pip install tensorboard\n"
+                f"then:\n  {python} -m tensorboard.main --logdir {_shown_path(logdir)}",
+                file=out,
+            )
+    torchmon = _script("torchmon") or f"{python} -m torchmon"
+    print(
+        f"Summarize the log again:\n  {torchmon} summarize {_shown_path(jsonl_path)}",
+        file=out,
+    )
 
 
 def _training_loop(args: argparse.Namespace, out: TextIO, err: TextIO) -> None:
