@@ -190,7 +190,8 @@ def _summary_writer(logdir: str) -> Any:
         module = importlib.import_module("tensorboardX")
     except ImportError:
         raise _CliError(
-            "writing TensorBoard files needs tensorboardX: pip install 'torchmon[tensorboard]'"
+            "writing TensorBoard files needs tensorboardX: pip install tensorboardX tensorboard "
+            "(in a torchmon checkout: pip install '.[tensorboard]')"
         ) from None
     return module.SummaryWriter(logdir=logdir)
 
