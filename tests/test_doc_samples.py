@@ -92,7 +92,10 @@ def test_doc_sample_runs_as_shown(where: str, code: str, skip: str | None, tmp_p
 def test_the_readme_example_prints_the_window_it_talks_about(tmp_path: Path) -> None:
     """README's first example says each window is logged as an Event: its
     `print` handler shows the Stat window, then the epoch event."""
-    _, code, _ = next(b for b in BLOCKS if b[0].startswith("README.md"))
+    readme = [code for where, code, _ in BLOCKS if where.startswith("README.md")]
+    if not readme:
+        pytest.skip("not run from a checkout")
+    code = readme[0]
     result = subprocess.run(
         [sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=120
     )
