@@ -360,6 +360,14 @@ def test_bad_arguments() -> None:
         TensorboardEventHandler(Writer(), step="windows")
     with pytest.raises(TypeError, match=r"TensorboardEventHandler\(step\): .*int"):
         TensorboardEventHandler(Writer(), step=3)  # type: ignore[arg-type]
+
+    class StepLessWriter:  # written for torch.monitor's calls
+        def add_scalar(self, tag: str, value: float, walltime: float | None = None) -> None:
+            pass
+
+    with pytest.raises(TypeError, match=r"TensorboardEventHandler\(writer\): .*step=None"):
+        TensorboardEventHandler(StepLessWriter())
+    TensorboardEventHandler(StepLessWriter(), step=None)(stat_event({"a.sum": 1.0}))
     with pytest.raises(ValueError, match=r"TensorboardEventHandler\(layout\): .*'flat'"):
         TensorboardEventHandler(Writer(), layout="flat")
     with pytest.raises(TypeError, match=r"TensorboardEventHandler\(layout\)"):

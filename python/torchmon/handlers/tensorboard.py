@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import operator
 from typing import Any, Callable, Protocol, Union
 
@@ -111,6 +112,11 @@ class TensorboardEventHandler:
                 "TensorboardEventHandler(step): must be 'window', None or a callable "
                 f"returning an int, not {type(step).__name__}"
             )
+        if step is not None and not _takes_global_step(writer.add_scalar):
+            raise TypeError(
+                "TensorboardEventHandler(writer): writer.add_scalar takes no global_step; "
+                "pass step=None to write scalars without a step, as torch.monitor does"
+            )
         if not isinstance(layout, str):
             raise TypeError(
                 f"TensorboardEventHandler(layout): must be a str, not {type(layout).__name__}"
@@ -206,6 +212,18 @@ class TensorboardEventHandler:
         if self._other_events:
             extra += f", other_events=True, step_field={self._step_field!r}"
         return f"TensorboardEventHandler({self._writer!r}{extra})"
+
+
+def _takes_global_step(add_scalar: Callable[..., Any]) -> bool:
+    """False only when ``add_scalar``'s signature shows it cannot take a
+    ``global_step`` keyword (a writer made for torch.monitor's step-less calls)."""
+    try:
+        parameters = inspect.signature(add_scalar).parameters
+    except (TypeError, ValueError):  # no signature to read: assume a SummaryWriter
+        return True
+    if "global_step" in parameters:
+        return parameters["global_step"].kind is not inspect.Parameter.POSITIONAL_ONLY
+    return any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values())
 
 
 def _user_step(step: Callable[[], int]) -> int:
