@@ -361,8 +361,9 @@ def test_to_tensorboard_converts_the_demo_log(demo, demo_events, tmp_path):
     series = stat_series(demo_events)
     for key, points in series.items():
         assert [v for _, _, v in scalars[key]] == pytest.approx([v for _, v in points], rel=1e-6)
-        # walltime is the event's timestamp
+        # walltime is the event's timestamp; the step numbers the tag's windows
         assert [w for _, w, _ in scalars[key]] == pytest.approx([w for w, _ in points], abs=1e-3)
+        assert [step for step, _, _ in scalars[key]] == list(range(1, len(points) + 1))
     epoch_events = [e for e in demo_events if e.name == "train.epoch_end"]
     for field in ("loss", "accuracy", "epoch", "steps", "seconds"):
         got = scalars[f"train.epoch_end/{field}"]
@@ -371,6 +372,86 @@ def test_to_tensorboard_converts_the_demo_log(demo, demo_events, tmp_path):
     total = sum(len(points) for points in scalars.values())
     assert total == sum(len(p) for p in series.values()) + 5 * EPOCHS
     assert f"wrote {total} scalars to {out_dir}" in result.stdout
+
+
+def test_to_tensorboard_of_the_demo_log_is_what_the_demo_wrote_live(demo, demo_events, tmp_path):
+    """docs/cli.md: a converted log looks like one written live: the same tags,
+    steps, values and wall times (the demo takes the epoch events' steps from
+    their "epoch" field)."""
+    _, logdir = demo
+    out_dir = tmp_path / "converted"
+    result = run_cli(
+        "to-tensorboard", str(logdir / "events.jsonl"), str(out_dir), "--step-field", "epoch"
+    )
+    assert result.returncode == 0, result.stderr
+    live, converted = read_scalars(logdir), read_scalars(out_dir)
+    assert sorted(converted) == sorted(live)
+    for tag, points in live.items():
+        assert [s for s, _, _ in converted[tag]] == [s for s, _, _ in points], tag
+        assert [v for _, _, v in converted[tag]] == pytest.approx([v for _, _, v in points])
+        assert [w for _, w, _ in converted[tag]] == pytest.approx([w for _, w, _ in points])
+    # every window its own step, in both
+    windows = len(stat_series(demo_events)["train.loss.mean"])
+    assert windows >= 2
+    assert [s for s, _, _ in live["train.loss.mean"]] == list(range(1, windows + 1))
+
+
+def one_line_error(result: subprocess.CompletedProcess[str], *parts: str) -> None:
+    assert result.returncode == 2, result
+    assert "Traceback" not in result.stderr
+    assert result.stderr.count("\n") == 1, result.stderr
+    assert result.stderr.startswith("torchmon to-tensorboard: ")
+    for part in parts:
+        assert part in result.stderr
+
+
+def test_to_tensorboard_refuses_a_logdir_with_event_files_unless_append(tmp_path):
+    """A second conversion into the same LOGDIR would show every point twice."""
+    log = tmp_path / "log.jsonl"
+    write_log(log, [stat_event(i, {"a.sum": float(i)}) for i in range(3)])
+    out_dir = tmp_path / "tb"
+    assert run_cli("to-tensorboard", str(log), str(out_dir)).returncode == 0
+    files = sorted(out_dir.iterdir())
+    assert len(files) == 1
+
+    one_line_error(run_cli("to-tensorboard", str(log), str(out_dir)), str(out_dir), "--append")
+    assert sorted(out_dir.iterdir()) == files  # nothing written
+    assert [(s, v) for s, _, v in read_scalars(out_dir)["a.sum"]] == [(1, 0), (2, 1), (3, 2)]
+
+    result = run_cli("to-tensorboard", str(log), str(out_dir), "--append")
+    assert result.returncode == 0, result.stderr
+    assert len(list(out_dir.iterdir())) == 2
+    # Other files (a JSON-lines log, a run in a subdirectory) are no reason to refuse.
+    assert main(["to-tensorboard", str(log), str(tmp_path / "tb" / "run1")]) == 0
+    assert main(["to-tensorboard", str(log), str(tmp_path)]) == 0
+
+
+def test_to_tensorboard_logdir_that_is_a_file_or_cannot_be_created(tmp_path):
+    log = tmp_path / "log.jsonl"
+    write_log(log, [stat_event(0, {"a.sum": 1.0})])
+    a_file = tmp_path / "a_file"
+    a_file.write_text("mine")
+    one_line_error(
+        run_cli("to-tensorboard", str(log), str(a_file)), f"{a_file}: exists and is not a directory"
+    )
+    under_a_file = a_file / "tb"
+    one_line_error(
+        run_cli("to-tensorboard", str(log), str(under_a_file)), f"{under_a_file}: cannot create it"
+    )
+    assert a_file.read_text() == "mine"
+
+
+def test_to_tensorboard_grouped_layout(tmp_path, capsys):
+    pytest.importorskip("tensorboardX")
+    log = tmp_path / "log.jsonl"
+    write_log(log, [stat_event(i, {"a.sum": float(i), "a.max": 2.0 * i}) for i in range(2)])
+    out_dir = tmp_path / "tb"
+    assert main(["to-tensorboard", str(log), str(out_dir), "--layout", "grouped"]) == 0
+    scalars = read_scalars(out_dir)
+    assert {tag: [(s, v) for s, _, v in pts] for tag, pts in scalars.items()} == {
+        "a/sum": [(1, 0.0), (2, 1.0)],
+        "a/max": [(1, 0.0), (2, 2.0)],
+    }
 
 
 def test_to_tensorboard_step_field(tmp_path, capsys):
@@ -446,7 +527,9 @@ def test_demo_without_tensorboardx_writes_the_json_lines_only(tmp_path):
     )
     assert result.returncode == 0, result.stderr
     assert "no TensorBoard output" in result.stderr
-    assert "pip install 'torchmon[tensorboard]'" in result.stderr
+    # a command that works: torchmon itself is on no package index
+    assert "pip install tensorboardX tensorboard" in result.stderr
+    assert "torchmon[" not in result.stderr
     assert "tensorboard --logdir" not in result.stdout
     assert sorted(p.name for p in logdir.iterdir()) == ["events.jsonl"]
     events = list(read_jsonl(str(logdir / "events.jsonl")))

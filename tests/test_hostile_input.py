@@ -385,6 +385,10 @@ def test_handler_constructors(value: Any, other: Any) -> None:
         allowed(lambda: handler(Event(torchmon.STAT_EVENT, TS, {"a.sum": 1.0})))  # type: ignore[operator]
     allowed(lambda: torchmon.TensorboardEventHandler(_Writer(), other_events=value))
     allowed(lambda: torchmon.TensorboardEventHandler(_Writer(), step_field=value))
+    allowed(lambda: torchmon.TensorboardEventHandler(_Writer(), layout=value))
+    stepped = allowed(lambda: torchmon.TensorboardEventHandler(_Writer(), step=value))
+    if stepped is not None:
+        allowed(lambda: stepped(Event(torchmon.STAT_EVENT, TS, {"a.sum": 1.0})))  # type: ignore[operator]
     if not (isinstance(value, (str, bytes)) and len(value) > 200):
         sink = allowed(lambda: torchmon.JsonlEventHandler(value))
         if isinstance(sink, torchmon.JsonlEventHandler):
@@ -398,7 +402,9 @@ def test_handler_constructors(value: Any, other: Any) -> None:
 
 
 class _Writer:
-    def add_scalar(self, tag: str, value: float, walltime: float | None = None) -> None:
+    def add_scalar(
+        self, tag: str, value: float, global_step: int | None = None, walltime: float | None = None
+    ) -> None:
         assert isinstance(tag, str) and not math.isnan(walltime or 0.0)
 
 

@@ -260,4 +260,6 @@ def test_missing_opentelemetry_names_the_extra() -> None:
         [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=False
     )
     assert result.returncode == 0, result.stderr
-    assert "pip install 'torchmon[otel]'" in result.stdout
+    # a command that works: torchmon itself is on no package index (docs/sinks.md)
+    assert "pip install opentelemetry-sdk" in result.stdout
+    assert "torchmon[" not in result.stdout

@@ -1,10 +1,13 @@
 """TensorboardEventHandler against real tensorboardX files, read back with
-TensorBoard's own reader: the default (Stat events only) and the opt-in for
-other events (``other_events``, ``step_field``)."""
+TensorBoard's own reader: the default (Stat events only, a step per window),
+the steps (``step``), the tags (``layout``) and the opt-in for other events
+(``other_events``, ``step_field``). docs/sinks.md, "TensorBoard"."""
 
 from __future__ import annotations
 
 import gc
+import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import datetime, timedelta, timezone
@@ -76,8 +79,8 @@ def test_default_writes_stat_events_only(tmp_path: Path) -> None:
             run_two_windows(clock)
     got = read_back(tmp_path)
     assert values(got) == {"lr.max": [0.5, 0.125], "lr.count": [2.0, 1.0]}
-    # as torch: no global_step (TensorBoard shows step 0), wall time from the event
-    assert steps(got) == {"lr.max": [0, 0], "lr.count": [0, 0]}
+    # each window its own step, counted per tag from 1
+    assert steps(got) == {"lr.max": [1, 2], "lr.count": [1, 2]}
 
 
 def test_default_walltime_is_the_event_timestamp(tmp_path: Path) -> None:
@@ -85,7 +88,7 @@ def test_default_walltime_is_the_event_timestamp(tmp_path: Path) -> None:
     with tensorboardX.SummaryWriter(logdir=str(tmp_path)) as w:
         TensorboardEventHandler(w)(Event(torchmon.STAT_EVENT, ts, {"x.sum": 3.0}))
     ((step, value, wall),) = read_back(tmp_path)["x.sum"]
-    assert (step, value) == (0, 3.0)
+    assert (step, value) == (1, 3.0)
     assert wall == pytest.approx(ts.timestamp(), abs=1e-6)
 
 
@@ -113,7 +116,7 @@ def test_other_events_with_step_field(tmp_path: Path) -> None:
     }
     assert steps(got)["train.epoch_end/loss"] == [1, 2]
     assert steps(got)["train.epoch_end/samples"] == [1, 2]
-    assert steps(got)["lr.max"] == [0, 0]
+    assert steps(got)["lr.max"] == [1, 2]
     walls = [wall for _, _, wall in got["train.epoch_end/loss"]]
     assert walls == pytest.approx([e.timestamp.timestamp() for e in events], abs=1e-6)
 
@@ -176,6 +179,167 @@ def test_large_ints_and_nan(tmp_path: Path) -> None:
     assert got["e/inf"] == [float("inf")]
 
 
+class RecordingWriter:
+    """Every add_scalar call as (tag, value, keyword arguments)."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, float, dict[str, Any]]] = []
+
+    def add_scalar(self, tag: str, value: float, **kwargs: Any) -> None:
+        self.calls.append((tag, value, kwargs))
+
+
+def stat_event(data: dict[str, float], second: int = 0) -> Event:
+    return Event(torchmon.STAT_EVENT, datetime(2024, 5, 6, 12, 0, second), data)
+
+
+def test_default_step_counts_windows_per_tag_across_re_created_stats(tmp_path: Path) -> None:
+    """Each tag's windows are numbered 1, 2, 3, ...; a Stat created again under
+    the same name goes on counting; another Stat has its own count."""
+    with tensorboardX.SummaryWriter(logdir=str(tmp_path)) as w:
+        with registered(TensorboardEventHandler(w)), ManualClock(0) as clock:
+            run_two_windows(clock)  # lr: windows 1 and 2
+            other = Stat("other", [Aggregation.SUM], timedelta(seconds=1))
+            other.add(7.0)
+            run_two_windows(clock)  # a new "lr" Stat: windows 3 and 4
+            clock.advance(1000)
+            other.add(8.0)  # closes other's window 1
+            del other
+            gc.collect()
+    got = read_back(tmp_path)
+    assert values(got) == {
+        "lr.max": [0.5, 0.125, 0.5, 0.125],
+        "lr.count": [2.0, 1.0, 2.0, 1.0],
+        "other.sum": [7.0, 8.0],
+    }
+    assert steps(got) == {"lr.max": [1, 2, 3, 4], "lr.count": [1, 2, 3, 4], "other.sum": [1, 2]}
+
+
+def test_step_none_writes_what_torch_monitor_writes() -> None:
+    """step=None: no global_step, only the wall time, as torch.monitor's handler;
+    compared call for call with torch's own handler when torch is installed."""
+    events = [stat_event({"a.sum": 1.0, "a.count": 2.0}, s) for s in range(3)]
+    ours = RecordingWriter()
+    handler = TensorboardEventHandler(ours, step=None)
+    for e in events:
+        handler(e)
+    assert ours.calls == [
+        (key, value, {"walltime": e.timestamp.timestamp()})
+        for e in events
+        for key, value in e.data.items()
+    ]
+    torch_monitor = pytest.importorskip("torch.monitor")
+    theirs = RecordingWriter()
+    torch_handler = torch_monitor.TensorboardEventHandler(theirs)
+    for e in events:
+        torch_handler(torch_monitor.Event(e.name, e.timestamp, e.data))
+    # torch's event data is unordered
+    assert sorted(ours.calls, key=repr) == sorted(theirs.calls, key=repr)
+
+
+def test_step_none_in_tensorboard_reads_step_0(tmp_path: Path) -> None:
+    with tensorboardX.SummaryWriter(logdir=str(tmp_path)) as w:
+        with registered(TensorboardEventHandler(w, step=None)), ManualClock(0) as clock:
+            run_two_windows(clock)
+    got = read_back(tmp_path)
+    assert values(got) == {"lr.max": [0.5, 0.125], "lr.count": [2.0, 1.0]}
+    assert steps(got) == {"lr.max": [0, 0], "lr.count": [0, 0]}
+
+
+def test_step_callable_gives_the_step_of_each_window(tmp_path: Path) -> None:
+    """The callable is asked once per Stat event; every scalar of the event gets
+    its value. Other events keep their own steps (the ordinal or step_field)."""
+    numpy = pytest.importorskip("numpy")
+    global_step = [100]
+    asked: list[int] = []
+
+    def current() -> Any:
+        asked.append(global_step[0])
+        return numpy.int64(global_step[0])  # anything with __index__
+
+    with tensorboardX.SummaryWriter(logdir=str(tmp_path)) as w:
+        handler = TensorboardEventHandler(w, step=current, other_events=True)
+        with registered(handler), ManualClock(0) as clock:
+            s = Stat("lr", [Aggregation.MAX, Aggregation.COUNT], timedelta(seconds=1))
+            s.add(0.5)
+            global_step[0] = 250
+            clock.advance(1000)
+            s.add(0.25)  # closes window 1 at global step 250
+            torchmon.log_event(epoch_event(1, 0.5))
+            global_step[0] = 400
+            del s
+            gc.collect()
+    got = read_back(tmp_path)
+    assert asked == [250, 400]
+    assert steps(got) == {
+        "lr.max": [250, 400],
+        "lr.count": [250, 400],
+        "train.epoch_end/epoch": [0],
+        "train.epoch_end/loss": [0],
+    }
+    assert values(got)["lr.max"] == [0.5, 0.25]
+
+
+@pytest.mark.parametrize("returned", [1.5, "3", None, True])
+def test_step_callable_returning_a_non_int_raises_type_error(returned: object) -> None:
+    writer = RecordingWriter()
+    handler = TensorboardEventHandler(writer, step=lambda: returned)
+    with pytest.raises(TypeError, match=r"TensorboardEventHandler\(step\)"):
+        handler(stat_event({"a.sum": 1.0}))
+    assert writer.calls == []
+
+
+def test_grouped_layout_puts_a_stats_aggregations_in_one_section(tmp_path: Path) -> None:
+    """layout="grouped": "<stat>/<aggregation>" (TensorBoard's section is the
+    part before the first "/"); a key that does not end in an aggregation name
+    is kept; other events are unchanged."""
+    with tensorboardX.SummaryWriter(logdir=str(tmp_path)) as w:
+        handler = TensorboardEventHandler(w, layout="grouped", other_events=True)
+        with registered(handler), ManualClock(0) as clock:
+            run_two_windows(clock)
+            torchmon.log_event(stat_event({"odd": 1.0, "x.total": 2.0, "y.value": 3.0}))
+            torchmon.log_event(epoch_event(1, 0.5))
+    got = read_back(tmp_path)
+    assert values(got) == {
+        "lr/max": [0.5, 0.125],
+        "lr/count": [2.0, 1.0],
+        "odd": [1.0],
+        "x.total": [2.0],
+        "y/value": [3.0],
+        "train.epoch_end/epoch": [1.0],
+        "train.epoch_end/loss": [0.5],
+    }
+    assert steps(got)["lr/max"] == [1, 2]
+
+
+def test_each_tags_steps_reach_the_writer_in_increasing_order() -> None:
+    """Windows closed by several threads at once: TensorBoard's loader takes a
+    step lower than the previous one for a restart and drops the points after
+    it, so each tag's steps must reach the writer in order."""
+
+    class SlowWriter(RecordingWriter):
+        def add_scalar(self, tag: str, value: float, **kwargs: Any) -> None:
+            time.sleep(0)  # lets another thread run between taking a step and writing it
+            super().add_scalar(tag, value, **kwargs)
+
+    writer = SlowWriter()
+    handler = TensorboardEventHandler(writer, other_events=True)
+
+    def close_windows() -> None:
+        for _ in range(300):
+            handler(stat_event({"a.sum": 1.0, "a.count": 1.0}))
+            handler(Event("e", datetime.now(), {"v": 1.0}))
+
+    threads = [threading.Thread(target=close_windows) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for tag, expected in (("a.sum", range(1, 1201)), ("a.count", range(1, 1201))):
+        assert [kw["global_step"] for t, _, kw in writer.calls if t == tag] == list(expected)
+    assert [kw["global_step"] for t, _, kw in writer.calls if t == "e/v"] == list(range(1200))
+
+
 def test_bad_arguments() -> None:
     with pytest.raises(TypeError, match=r"TensorboardEventHandler\(writer\)"):
         TensorboardEventHandler(object())  # type: ignore[arg-type]
@@ -192,6 +356,22 @@ def test_bad_arguments() -> None:
         TensorboardEventHandler(Writer(), step_field="epoch")
     with pytest.raises(TypeError):
         TensorboardEventHandler(Writer(), True)  # type: ignore[misc]  # keyword-only
+    with pytest.raises(ValueError, match=r"TensorboardEventHandler\(step\): .*'windows'"):
+        TensorboardEventHandler(Writer(), step="windows")
+    with pytest.raises(TypeError, match=r"TensorboardEventHandler\(step\): .*int"):
+        TensorboardEventHandler(Writer(), step=3)  # type: ignore[arg-type]
+
+    class StepLessWriter:  # written for torch.monitor's calls
+        def add_scalar(self, tag: str, value: float, walltime: float | None = None) -> None:
+            pass
+
+    with pytest.raises(TypeError, match=r"TensorboardEventHandler\(writer\): .*step=None"):
+        TensorboardEventHandler(StepLessWriter())
+    TensorboardEventHandler(StepLessWriter(), step=None)(stat_event({"a.sum": 1.0}))
+    with pytest.raises(ValueError, match=r"TensorboardEventHandler\(layout\): .*'flat'"):
+        TensorboardEventHandler(Writer(), layout="flat")
+    with pytest.raises(TypeError, match=r"TensorboardEventHandler\(layout\)"):
+        TensorboardEventHandler(Writer(), layout=None)  # type: ignore[arg-type]
 
 
 def test_repr() -> None:
@@ -206,4 +386,8 @@ def test_repr() -> None:
     assert (
         repr(TensorboardEventHandler(Writer(), other_events=True, step_field="epoch"))
         == "TensorboardEventHandler(W, other_events=True, step_field='epoch')"
+    )
+    assert (
+        repr(TensorboardEventHandler(Writer(), step=None, layout="grouped"))
+        == "TensorboardEventHandler(W, step=None, layout='grouped')"
     )

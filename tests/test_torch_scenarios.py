@@ -333,7 +333,15 @@ class FakeWriter:
     def __init__(self) -> None:
         self.scalars: list[tuple[str, tuple[str, str], bool]] = []
 
-    def add_scalar(self, tag: str, value: float, walltime: float | None = None) -> None:
+    def add_scalar(
+        self,
+        tag: str,
+        value: float,
+        global_step: int | None = None,
+        walltime: float | None = None,
+    ) -> None:
+        # The step is torchmon's addition (docs/compatibility.md, TensorBoard
+        # steps) and not compared here.
         near_now = walltime is not None and abs(walltime - time.time()) < 3600
         self.scalars.append((tag, tagged(value), near_now))
 

@@ -2,7 +2,7 @@
 
     torchmon demo [--logdir DIR] [--epochs N] [--steps N] [--seed S]
     torchmon summarize FILE.jsonl [--strict]
-    torchmon to-tensorboard FILE.jsonl LOGDIR [--step-field FIELD]
+    torchmon to-tensorboard FILE.jsonl LOGDIR [--step-field FIELD] [--layout L] [--append]
     torchmon --version
 
 See docs/cli.md.
@@ -12,9 +12,12 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import importlib.util
 import math
 import os
 import random
+import shlex
+import shutil
 import sys
 import time
 from array import array
@@ -211,9 +214,42 @@ def _summary_writer(logdir: str) -> Any:
         module = importlib.import_module("tensorboardX")
     except ImportError:
         raise _CliError(
-            "writing TensorBoard files needs tensorboardX: pip install 'torchmon[tensorboard]'"
+            "writing TensorBoard files needs tensorboardX: pip install tensorboardX tensorboard "
+            "(in a torchmon checkout: pip install '.[tensorboard]')"
         ) from None
     return module.SummaryWriter(logdir=logdir)
+
+
+def _tensorboard_handler(writer: Any, *, step_field: str | None, layout: str = "torch") -> Any:
+    """The handler that both the demo (live) and ``to-tensorboard`` (from a log)
+    write with, so that a converted log and a live one are the same scalars at
+    the same steps (docs/cli.md)."""
+    from .handlers.tensorboard import TensorboardEventHandler
+
+    return TensorboardEventHandler(writer, other_events=True, step_field=step_field, layout=layout)
+
+
+def _event_files(directory: Path) -> list[Path]:
+    """The TensorBoard event files directly in ``directory`` (one run)."""
+    return sorted(p for p in directory.glob("*tfevents*") if p.is_file())
+
+
+def _prepare_conversion_logdir(logdir: str, *, append: bool) -> Path:
+    path = Path(logdir)
+    if path.exists() and not path.is_dir():
+        raise _CliError(f"{logdir}: exists and is not a directory")
+    if path.is_dir() and not append:
+        existing = _event_files(path)
+        if existing:
+            raise _CliError(
+                f"{logdir}: already holds {len(existing)} TensorBoard event file(s), "
+                "whose points would be shown twice; give a new directory, or --append"
+            )
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise _CliError(f"{logdir}: cannot create it: {exc.strerror or exc}") from None
+    return path
 
 
 class _CountingWriter:
@@ -299,6 +335,7 @@ def _prepare_logdir(logdir: str | None) -> Path:
 
 
 _STEP_TIMER = "train.step_time_us"
+_DEMO_STEP_FIELD = "epoch"
 
 
 def _unregister_all(handles: list[Any]) -> None:
@@ -308,7 +345,6 @@ def _unregister_all(handles: list[Any]) -> None:
 
 def _demo(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     from .handlers.jsonl import JsonlEventHandler
-    from .handlers.tensorboard import TensorboardEventHandler
 
     if args.epochs < 1:
         raise _CliError("--epochs must be at least 1")
@@ -332,7 +368,7 @@ def _demo(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
         if writer is not None:
             cleanup.callback(writer.close)
             # The epoch events too, as train.epoch_end/<field> at step <epoch>.
-            tensorboard = TensorboardEventHandler(writer, other_events=True, step_field="epoch")
+            tensorboard = _tensorboard_handler(writer, step_field=_DEMO_STEP_FIELD)
             handles.append(register_event_handler(tensorboard))
         # Unregistered first (the stack runs backwards), then the sinks close.
         cleanup.callback(_unregister_all, handles)
@@ -352,10 +388,71 @@ def _demo(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
         file=out,
     )
     _Summary(events).write(out)
-    if writer is not None:
-        print(f"\nLook at it in TensorBoard:\n  tensorboard --logdir {logdir}", file=out)
-    print(f"Summarize the log again:\n  torchmon summarize {jsonl_path}", file=out)
+    _print_next_steps(logdir, jsonl_path, tensorboard_files=writer is not None, out=out)
     return _EXIT_OK
+
+
+def _shown_path(path: Path) -> str:
+    """``path`` as the user can type it where they stand: relative to the
+    current directory when it is inside it, shell-quoted."""
+    try:
+        shown = str(Path(os.path.abspath(path)).relative_to(Path.cwd()))
+    except ValueError:
+        shown = str(path)
+    return shlex.quote(shown)
+
+
+def _script(name: str) -> str | None:
+    """How to run the console script ``name`` of this interpreter's
+    environment from the current directory: the bare name when that is what
+    PATH finds (an activated venv), else its path (``.venv/bin/tensorboard``:
+    a venv that is not activated is not on PATH); None if it is not there."""
+    scripts = Path(sys.executable).parent
+    candidates = [scripts / name, scripts / f"{name}.exe"]
+    script = next((c for c in candidates if c.is_file()), None)
+    if script is None:
+        return None
+    found = shutil.which(name)
+    if found is not None:
+        try:
+            if Path(found).samefile(script):
+                return name
+        except OSError:
+            pass
+    shown = _shown_path(script)
+    # A shell looks a word without a slash up on PATH: a script in the current
+    # directory itself needs "./".
+    return shown if os.sep in shown or "/" in shown else f"./{shown}"
+
+
+def _print_next_steps(
+    logdir: Path, jsonl_path: Path, *, tensorboard_files: bool, out: TextIO
+) -> None:
+    """The commands to look at the demo's output, each runnable as printed
+    from the current directory (docs/cli.md)."""
+    python = _shown_path(Path(sys.executable))
+    if tensorboard_files:
+        tensorboard = _script("tensorboard")
+        if tensorboard is None and importlib.util.find_spec("tensorboard") is not None:
+            tensorboard = f"{python} -m tensorboard.main"
+        if tensorboard is not None:
+            print(
+                f"\nLook at it in TensorBoard (then open the address it prints):\n"
+                f"  {tensorboard} --logdir {_shown_path(logdir)}",
+                file=out,
+            )
+        else:
+            print(
+                "\nTo look at it in TensorBoard, install TensorBoard (tensorboardX only "
+                f"writes the files):\n  {python} -m pip install tensorboard\n"
+                f"then:\n  {python} -m tensorboard.main --logdir {_shown_path(logdir)}",
+                file=out,
+            )
+    torchmon = _script("torchmon") or f"{python} -m torchmon"
+    print(
+        f"Summarize the log again:\n  {torchmon} summarize {_shown_path(jsonl_path)}",
+        file=out,
+    )
 
 
 def _training_loop(args: argparse.Namespace, out: TextIO, err: TextIO) -> None:
@@ -451,17 +548,18 @@ def _summarize(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
 
 
 def _to_tensorboard(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
-    from .handlers.tensorboard import TensorboardEventHandler
-
     events = _read_events(args.file)
-    writer = _CountingWriter(_summary_writer(args.logdir))
+    logdir = _prepare_conversion_logdir(args.logdir, append=args.append)
     try:
-        # The live sink's own conversion, so a converted log looks like a live one.
-        handler = TensorboardEventHandler(writer, other_events=True, step_field=args.step_field)
-        for event in events:
-            handler(event)
-    finally:
-        writer.close()
+        writer = _CountingWriter(_summary_writer(str(logdir)))
+        try:
+            handler = _tensorboard_handler(writer, step_field=args.step_field, layout=args.layout)
+            for event in events:
+                handler(event)
+        finally:
+            writer.close()
+    except OSError as exc:
+        raise _CliError(f"{logdir}: cannot write: {exc.strerror or exc}") from None
     # The handler writes every item of a Stat event; the rest came from other events.
     from_stats = sum(len(e.data) for e in events if e.name == STAT_EVENT)
     print(
@@ -532,12 +630,30 @@ def _parser() -> argparse.ArgumentParser:
         help="convert a JSON-lines log to TensorBoard event files",
         description=(
             "Writes a JSON-lines log as TensorBoard scalars, as TensorboardEventHandler("
-            "writer, other_events=True) does live: Stat events one scalar per key, "
-            "other events' numeric fields as <name>/<field>; wall times from the events."
+            "writer, other_events=True) does live: Stat events one scalar per key at "
+            "the step of the window (1, 2, 3, ... per tag), other events' numeric "
+            "fields as <name>/<field>; wall times from the events."
         ),
     )
     convert.add_argument("file", metavar="FILE.jsonl")
     convert.add_argument("logdir", metavar="LOGDIR")
+    convert.add_argument(
+        "--append",
+        action="store_true",
+        help=(
+            "write even if LOGDIR already holds event files (by default that is "
+            "refused: a second conversion would show every point twice)"
+        ),
+    )
+    convert.add_argument(
+        "--layout",
+        choices=("torch", "grouped"),
+        default="torch",
+        help=(
+            "tags of Stat scalars: train.loss.mean (torch, the default) or "
+            "train.loss/mean (grouped: one TensorBoard section per Stat)"
+        ),
+    )
     convert.add_argument(
         "--step-field",
         metavar="FIELD",

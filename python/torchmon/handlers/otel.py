@@ -1,5 +1,5 @@
 """OpenTelemetry sink: Stat windows become synchronous gauges
-(needs ``pip install 'torchmon[otel]'``).
+(needs ``pip install opentelemetry-sdk``).
 
 ``opentelemetry`` is imported when a handler is created, never by
 ``import torchmon``.
@@ -47,7 +47,8 @@ def _import_opentelemetry() -> None:
     except ImportError as exc:
         raise ImportError(
             "OpenTelemetryEventHandler needs opentelemetry, which cannot be imported "
-            f"({exc}): pip install 'torchmon[otel]'"
+            f"({exc}): pip install opentelemetry-sdk (in a torchmon checkout: "
+            "pip install '.[otel]')"
         ) from exc
 
 
@@ -136,7 +137,7 @@ class OpenTelemetryEventHandler:
         if not callable(getattr(meter, "create_gauge", None)):
             raise ImportError(
                 "OpenTelemetryEventHandler needs synchronous gauges (Meter.create_gauge), "
-                "new in opentelemetry-api 1.23: pip install -U 'torchmon[otel]'"
+                "new in opentelemetry-api 1.23: pip install -U 'opentelemetry-sdk>=1.23'"
             )
         self._meter = meter
         self._gauges: dict[str, Gauge] = {}  # lower-cased instrument name -> gauge

@@ -1,4 +1,4 @@
-"""Prometheus sink: Stat windows become gauges (needs ``pip install 'torchmon[prometheus]'``).
+"""Prometheus sink: Stat windows become gauges (needs ``pip install prometheus-client``).
 
 ``prometheus_client`` is imported when a handler is created, never by
 ``import torchmon``.
@@ -43,7 +43,8 @@ def _import_prometheus_client() -> None:
     except ImportError as exc:
         raise ImportError(
             "PrometheusEventHandler needs prometheus_client, which cannot be imported "
-            f"({exc}): pip install 'torchmon[prometheus]'"
+            f"({exc}): pip install prometheus-client (in a torchmon checkout: "
+            "pip install '.[prometheus]')"
         ) from exc
 
 

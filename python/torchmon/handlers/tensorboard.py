@@ -2,10 +2,21 @@
 
 from __future__ import annotations
 
-from typing import Any, Protocol
+import inspect
+import operator
+from typing import Any, Callable, Protocol, Union
 
 from .._core import STAT_EVENT, Event
 from .._forksafe import new_lock
+
+__all__ = ["TensorboardEventHandler"]
+
+#: What ``step=`` accepts: ``"window"``, ``None``, or a callable returning an int.
+StepOption = Union[str, Callable[[], int], None]
+
+_LAYOUTS = ("torch", "grouped")
+# The suffixes a Stat event's keys end with ("<stat name>.<aggregation>").
+_AGGREGATION_SUFFIXES = frozenset(("value", "mean", "count", "sum", "max", "min"))
 
 
 class _ScalarWriter(Protocol):
@@ -16,20 +27,47 @@ def _is_number(value: object) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
+def _grouped_tag(key: str) -> str:
+    """``"train.loss.mean"`` -> ``"train.loss/mean"``: TensorBoard puts the tags
+    before the first ``/`` in one section. A key without an aggregation suffix
+    (a hand-made Stat event) is kept as it is."""
+    stat, dot, agg = key.rpartition(".")
+    if dot and stat and agg in _AGGREGATION_SUFFIXES:
+        return f"{stat}/{agg}"
+    return key
+
+
 class TensorboardEventHandler:
     """Writes every ``torch.monitor.Stat`` event's values as TensorBoard scalars.
 
     ``writer`` is a ``tensorboardX.SummaryWriter``, a
     ``torch.utils.tensorboard.SummaryWriter``, or anything with
-    ``add_scalar(tag, value, walltime=...)``. Other events are ignored.
-    Register it with ``register_event_handler(TensorboardEventHandler(writer))``.
+    ``add_scalar(tag, value, global_step=..., walltime=...)``. The wall time of
+    every scalar is the event's timestamp. Other events are ignored unless
+    ``other_events=True``. Register it with
+    ``register_event_handler(TensorboardEventHandler(writer))``.
 
-    Opt-ins (keyword-only; torchmon extensions, the default is torch's behaviour):
+    Keyword-only options (docs/sinks.md):
 
+    ``step="window"`` (default)
+        The step of a Stat event's scalars counts that tag's windows as this
+        handler sees them: 1, 2, 3, ... for each tag. A Stat re-created under
+        the same name goes on counting. TensorBoard's default loader keeps one
+        point per step, so every window needs a step of its own to be shown.
+    ``step=callable``
+        Called with no arguments once per Stat event; the int it returns (your
+        global training step, for example) is the step of that event's scalars.
+    ``step=None``
+        No step, as torch.monitor's handler writes them (TensorBoard reads step
+        0 for each; its default loader then shows only one point per tag).
+    ``layout="torch"`` (default) or ``layout="grouped"``
+        The tag of a Stat key: the key itself (``train.loss.mean``, as torch),
+        or ``train.loss/mean``, which puts a Stat's aggregations in one
+        TensorBoard section.
     ``other_events=True``
         Also writes the numeric fields (``int``/``float``, not ``bool``) of every
-        other event as scalars tagged ``<event.name>/<field>``, with the event's
-        timestamp as wall time. String and bool fields are skipped.
+        other event as scalars tagged ``<event.name>/<field>``. String and bool
+        fields are skipped.
     ``step_field="name"``
         With ``other_events``: the field of that name is the ``global_step`` of
         the event's scalars (when it holds an ``int``) and is not written as a
@@ -38,12 +76,23 @@ class TensorboardEventHandler:
         as ``torchmon to-tensorboard`` numbers them.
     """
 
-    __slots__ = ("_lock", "_ordinals", "_other_events", "_step_field", "_writer")
+    __slots__ = (
+        "_grouped",
+        "_lock",
+        "_ordinals",
+        "_other_events",
+        "_step",
+        "_step_field",
+        "_windows",
+        "_writer",
+    )
 
     def __init__(
         self,
         writer: _ScalarWriter,
         *,
+        step: StepOption = "window",
+        layout: str = "torch",
         other_events: bool = False,
         step_field: str | None = None,
     ) -> None:
@@ -51,6 +100,30 @@ class TensorboardEventHandler:
             raise TypeError(
                 "TensorboardEventHandler(writer): writer must have an add_scalar method "
                 f"(a SummaryWriter), not {type(writer).__name__}"
+            )
+        if isinstance(step, str):
+            if step != "window":
+                raise ValueError(
+                    "TensorboardEventHandler(step): must be 'window', None or a callable "
+                    f"returning an int, not {step!r}"
+                )
+        elif step is not None and not callable(step):
+            raise TypeError(
+                "TensorboardEventHandler(step): must be 'window', None or a callable "
+                f"returning an int, not {type(step).__name__}"
+            )
+        if step is not None and not _takes_global_step(writer.add_scalar):
+            raise TypeError(
+                "TensorboardEventHandler(writer): writer.add_scalar takes no global_step; "
+                "pass step=None to write scalars without a step, as torch.monitor does"
+            )
+        if not isinstance(layout, str):
+            raise TypeError(
+                f"TensorboardEventHandler(layout): must be a str, not {type(layout).__name__}"
+            )
+        if layout not in _LAYOUTS:
+            raise ValueError(
+                f"TensorboardEventHandler(layout): must be 'torch' or 'grouped', not {layout!r}"
             )
         if not isinstance(other_events, bool):
             raise TypeError(
@@ -68,37 +141,99 @@ class TensorboardEventHandler:
                 "pass other_events=True too"
             )
         self._writer = writer
+        self._step = step
+        self._grouped = layout == "grouped"
         self._other_events = other_events
         self._step_field = step_field
+        self._windows: dict[str, int] = {}
         self._ordinals: dict[str, int] = {}
+        # Held while a step is taken *and* its scalars are written: TensorBoard's
+        # loader reads a step lower than the one before it in a tag as a restart
+        # and drops the later points, so each tag's steps must reach the file in
+        # increasing order even when several threads close windows at once.
         self._lock = new_lock()
 
     def __call__(self, event: Event) -> None:
         name = event.name
         if name == STAT_EVENT:
-            walltime = event.timestamp.timestamp()
-            for key, value in event.data.items():
-                self._writer.add_scalar(key, value, walltime=walltime)
-            return
-        if not self._other_events:
-            return
+            self._write_stat_event(event)
+        elif self._other_events:
+            self._write_other_event(name, event)
+
+    def _write_stat_event(self, event: Event) -> None:
+        walltime = event.timestamp.timestamp()
         data = event.data
+        grouped = self._grouped
+        add_scalar = self._writer.add_scalar
+        step = self._step
+        if step is None:
+            for key, value in data.items():
+                add_scalar(_grouped_tag(key) if grouped else key, value, walltime=walltime)
+            return
+        if callable(step):
+            global_step = _user_step(step)
+            with self._lock:
+                for key, value in data.items():
+                    tag = _grouped_tag(key) if grouped else key
+                    add_scalar(tag, value, global_step=global_step, walltime=walltime)
+            return
+        windows = self._windows
+        with self._lock:
+            for key, value in data.items():
+                tag = _grouped_tag(key) if grouped else key
+                window = windows.get(tag, 0) + 1
+                windows[tag] = window
+                add_scalar(tag, value, global_step=window, walltime=walltime)
+
+    def _write_other_event(self, name: str, event: Event) -> None:
+        data = event.data
+        step_value = None
+        if self._step_field is not None:
+            step_value = data.pop(self._step_field, None)
+        walltime = event.timestamp.timestamp()
         with self._lock:
             ordinal = self._ordinals.get(name, 0)
             self._ordinals[name] = ordinal + 1
-        step = ordinal
-        step_field = self._step_field
-        if step_field is not None:
-            step_value = data.pop(step_field, None)
+            step = ordinal
             if isinstance(step_value, int) and not isinstance(step_value, bool):
                 step = step_value
-        walltime = event.timestamp.timestamp()
-        for key, value in data.items():
-            if _is_number(value):
-                self._writer.add_scalar(f"{name}/{key}", value, global_step=step, walltime=walltime)
+            for key, value in data.items():
+                if _is_number(value):
+                    self._writer.add_scalar(
+                        f"{name}/{key}", value, global_step=step, walltime=walltime
+                    )
 
     def __repr__(self) -> str:
         extra = ""
+        if self._step != "window":
+            extra += f", step={self._step!r}"
+        if self._grouped:
+            extra += ", layout='grouped'"
         if self._other_events:
-            extra = f", other_events=True, step_field={self._step_field!r}"
+            extra += f", other_events=True, step_field={self._step_field!r}"
         return f"TensorboardEventHandler({self._writer!r}{extra})"
+
+
+def _takes_global_step(add_scalar: Callable[..., Any]) -> bool:
+    """False only when ``add_scalar``'s signature shows it cannot take a
+    ``global_step`` keyword (a writer made for torch.monitor's step-less calls)."""
+    try:
+        parameters = inspect.signature(add_scalar).parameters
+    except (TypeError, ValueError):  # no signature to read: assume a SummaryWriter
+        return True
+    if "global_step" in parameters:
+        return parameters["global_step"].kind is not inspect.Parameter.POSITIONAL_ONLY
+    return any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values())
+
+
+def _user_step(step: Callable[[], int]) -> int:
+    value = step()
+    if isinstance(value, bool):
+        raise TypeError("TensorboardEventHandler(step): the callable returned a bool, not an int")
+    try:
+        return operator.index(value)
+    except TypeError:
+        raise TypeError(
+            "TensorboardEventHandler(step): the callable must return an int, "
+            f"not {type(value).__name__}"
+        ) from None
