@@ -552,6 +552,33 @@ def test_stat_close_runs_every_handler_and_raises_the_first(
     assert [type(x) for x in unraisable] == [TypeError]
 
 
+def test_keyboard_interrupt_wins_across_the_windows_of_one_add_many(
+    registry: Registry, unraisable: list[BaseException | None]
+) -> None:
+    """One `add_many` closing two windows: the first into a handler raising
+    ValueError, the second into one raising KeyboardInterrupt. Ctrl-C must
+    reach the caller, as from a single dispatch (docs/reliability.md); the
+    ValueError goes to sys.unraisablehook."""
+    raised: list[type[BaseException]] = [ValueError, KeyboardInterrupt]
+
+    def handler(e: Event) -> None:
+        exception = raised.pop(0)
+        raise exception(f"window {2 - len(raised)}")
+
+    registry.add(handler)
+    with ManualClock(0) as clock:
+        stat = Stat("s", [torchmon.COUNT], timedelta(seconds=1), 2)
+        stat.add(1.0)
+        clock.advance(1000)
+        # The first value closes the open window; the second fills
+        # max_samples=2 and closes the next one.
+        with pytest.raises(KeyboardInterrupt, match="window 2"):
+            stat.add_many([2.0, 3.0])
+        assert raised == []
+        del stat
+    assert [type(x) for x in unraisable] == [ValueError]
+
+
 # --- many handlers ------------------------------------------------------------
 
 
