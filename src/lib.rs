@@ -32,37 +32,77 @@ use pyo3::prelude::*;
 // a warning) rather than run untested code concurrently. `PYTHON_GIL=0`
 // overrides that at the user's risk.
 #[pymodule(gil_used = true)]
-mod _core {
-    #[pymodule_export]
-    use crate::py_aggregation::PyAggregation;
-    #[pymodule_export]
+fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    // First, before any class or cell is created: a type object made now
+    // lives in a static that every interpreter would then share.
+    refuse_subinterpreters()?;
     use crate::py_async::{
         _close_async_handlers_at_exit, _restart_async_handlers_after_fork, AsyncEventHandler,
     };
-    #[pymodule_export]
     use crate::py_clock::{_clock_ms, _clock_override_ms, _set_clock_ms, _window_ms_of_seconds};
-    #[pymodule_export]
-    use crate::py_event::{DataValueT, Event};
-    #[pymodule_export]
     use crate::py_registry::{
         _close_exit_gate, _exit_gate_state, _handler_count, EventHandlerHandle,
         register_event_handler, unregister_event_handler,
     };
-    #[pymodule_export]
     use crate::py_stat::{_flush_all_stats, _live_stat_count, Stat};
+    m.add_class::<crate::py_aggregation::PyAggregation>()?;
+    m.add_class::<AsyncEventHandler>()?;
+    m.add_class::<crate::py_event::DataValueT>()?;
+    m.add_class::<crate::py_event::Event>()?;
+    m.add_class::<EventHandlerHandle>()?;
+    m.add_class::<Stat>()?;
+    m.add_function(wrap_pyfunction!(_close_async_handlers_at_exit, m)?)?;
+    m.add_function(wrap_pyfunction!(_restart_async_handlers_after_fork, m)?)?;
+    m.add_function(wrap_pyfunction!(_clock_ms, m)?)?;
+    m.add_function(wrap_pyfunction!(_clock_override_ms, m)?)?;
+    m.add_function(wrap_pyfunction!(_set_clock_ms, m)?)?;
+    m.add_function(wrap_pyfunction!(_window_ms_of_seconds, m)?)?;
+    m.add_function(wrap_pyfunction!(_close_exit_gate, m)?)?;
+    m.add_function(wrap_pyfunction!(_exit_gate_state, m)?)?;
+    m.add_function(wrap_pyfunction!(_handler_count, m)?)?;
+    m.add_function(wrap_pyfunction!(register_event_handler, m)?)?;
+    m.add_function(wrap_pyfunction!(unregister_event_handler, m)?)?;
+    m.add_function(wrap_pyfunction!(_flush_all_stats, m)?)?;
+    m.add_function(wrap_pyfunction!(_live_stat_count, m)?)?;
+    m.add("STAT_EVENT", crate::py_stat::STAT_EVENT)?;
+    // Every lazily initialised cell is filled now (py_convert::init_lazy).
+    let py = m.py();
+    crate::py_convert::init_lazy(py)?;
+    crate::py_event::mapping_abc(py)?;
+    crate::py_registry::init_lazy(py);
+    crate::py_stat::init_lazy(py);
+    crate::py_fast::install(m)?;
+    Ok(())
+}
 
-    use super::*;
-
-    #[pymodule_init]
-    fn init(m: &Bound<'_, PyModule>) -> PyResult<()> {
-        m.add("STAT_EVENT", crate::py_stat::STAT_EVENT)?;
-        // Every lazily initialised cell is filled now (py_convert::init_lazy).
-        let py = m.py();
-        crate::py_convert::init_lazy(py)?;
-        crate::py_event::mapping_abc(py)?;
-        crate::py_registry::init_lazy(py);
-        crate::py_stat::init_lazy(py);
-        crate::py_fast::install(m)?;
-        Ok(())
+/// torchmon's state is process-wide (the handler registry, the live Stats,
+/// the exit gate, the async workers, the exit hooks) and its Python objects
+/// belong to the interpreter that made them, so only the main interpreter
+/// may import it. In a subinterpreter, `Stat.add` hung, the subinterpreter's
+/// end ran torchmon's exit steps for the whole process, and a handler it left
+/// behind crashed the next `log_event` (docs/reliability.md). PyO3's own
+/// check covers only submodules, not a module initialised in several phases
+/// as this one is, and CPython admits such a module into every
+/// subinterpreter that shares the main GIL.
+fn refuse_subinterpreters() -> PyResult<()> {
+    // SAFETY: called from the module's exec slot, so the calling thread is
+    // attached to the interpreter importing the module: `PyInterpreterState_Get`
+    // requires exactly that (it returns that interpreter, never NULL), and
+    // `PyInterpreterState_Main` only reads the runtime's pointer to the main
+    // interpreter, which lives until the runtime is finalized. Only the
+    // pointers are compared; nothing is dereferenced.
+    let (current, main) = unsafe {
+        (
+            pyo3::ffi::PyInterpreterState_Get(),
+            pyo3::ffi::PyInterpreterState_Main(),
+        )
+    };
+    if current == main {
+        return Ok(());
     }
+    Err(pyo3::exceptions::PyImportError::new_err(
+        "torchmon cannot be imported in a subinterpreter: its state (the handler \
+         registry, the live Stats, the exit hooks) is process-wide and belongs to \
+         the main interpreter; import and use torchmon there",
+    ))
 }

@@ -46,6 +46,10 @@ static LIVE: LazyLock<Mutex<HashMap<u64, Weak<Shared>>>> =
 static NEXT_ID: AtomicU64 = AtomicU64::new(0);
 /// Threads of handlers that were dropped while their queue still drained;
 /// joined by the exit drain, so none touches a finalizing interpreter.
+/// Those that ended are joined whenever another is added: a thread ended but
+/// not joined keeps its stack mapped, and enough of them (tens of thousands
+/// of handlers dropped without `close()`) leave the process unable to start
+/// a thread (docs/reliability.md).
 static ORPHANS: Mutex<Vec<JoinHandle<()>>> = Mutex::new(Vec::new());
 /// Set by the exit drain: handlers made later start closed and synchronous.
 static AT_EXIT: AtomicBool = AtomicBool::new(false);
@@ -92,7 +96,20 @@ impl Drop for WorkerBox {
     fn drop(&mut self) {
         // Dropping the queue's sender lets the thread drain it and end.
         if let Some(thread) = self.worker.take_thread() {
-            ORPHANS.lock().push(thread);
+            let ended = {
+                let mut orphans = ORPHANS.lock();
+                let (ended, draining) = std::mem::take(&mut *orphans)
+                    .into_iter()
+                    .partition(JoinHandle::is_finished);
+                *orphans = draining;
+                orphans.push(thread);
+                ended
+            };
+            // Their sink was dropped and their loop left: joining waits for
+            // the OS thread to exit, never for Python (the GIL may be held).
+            for thread in ended {
+                let _ = thread.join();
+            }
         }
     }
 }

@@ -7,21 +7,19 @@ use pyo3::prelude::*;
 use crate::exit_gate::ExitGate;
 use crate::py_convert::type_name;
 use crate::py_event::Event;
-#[cfg(not(Py_GIL_DISABLED))]
 use crate::py_gil_cell::GilCell;
-#[cfg(not(Py_GIL_DISABLED))]
-use crate::registry::Entry;
-use crate::registry::Registry;
-#[cfg(Py_GIL_DISABLED)]
-use crate::registry::Snapshot;
-#[cfg(not(Py_GIL_DISABLED))]
-use pyo3::types::PyTuple;
-#[cfg(not(Py_GIL_DISABLED))]
-use std::sync::Arc;
+use crate::registry::{Registry, Snapshot};
 #[cfg(not(Py_3_14))]
 use std::time::Duration;
 
-static HANDLERS: Registry<Py<PyAny>> = Registry::new();
+/// A registered callback. `unregister_event_handler` takes it out, so that
+/// it is freed then, although the registry keeps the entry itself until its
+/// buffer moves (see `registry`). Reading it is a reference-count increment
+/// on GIL builds; dispatch calls the callback through that new reference,
+/// which keeps it alive should it unregister itself.
+type Callback = GilCell<Option<Py<PyAny>>>;
+
+static HANDLERS: Registry<Callback> = Registry::new();
 
 /// Closed at interpreter exit (see `exit_gate`). CPython 3.14 hangs late
 /// threads instead of ending them with `pthread_exit` (gh-87135), so from 3.14
@@ -33,34 +31,48 @@ static EXIT_GATE: ExitGate = ExitGate::new();
 #[cfg(not(Py_3_14))]
 const EXIT_WAIT: Duration = Duration::from_secs(2);
 
-/// One registered handler as GIL-build dispatch sees it.
+/// `HANDLERS`' current list as GIL-build dispatch takes it.
 #[cfg(not(Py_GIL_DISABLED))]
 #[pyclass(frozen)]
-struct DispatchEntry {
-    entry: Arc<Entry<Py<PyAny>>>,
+struct DispatchList {
+    snapshot: Snapshot<Callback>,
 }
 
-/// On GIL builds, `HANDLERS`' current list as a tuple of `DispatchEntry`,
-/// replaced with the GIL held whenever the list changes (registration holds
-/// the GIL throughout, so the tuple always matches the list). Dispatch takes
-/// it with a `Py_INCREF` instead of the registry lock and an `Arc` count:
-/// four atomic read-modify-writes (~40 ns here) fewer per `log_event`.
+/// On GIL builds, `HANDLERS`' current list, replaced with the GIL held
+/// whenever the list changes (registration holds the GIL throughout, so it
+/// always matches the list). Dispatch takes it with a `Py_INCREF` instead of
+/// the registry lock and an `Arc` count: four atomic read-modify-writes
+/// (~40 ns here) fewer per `log_event`.
 #[cfg(not(Py_GIL_DISABLED))]
-static DISPATCH_LIST: GilCell<Option<Py<PyTuple>>> = GilCell::new(None);
+static DISPATCH_LIST: GilCell<Option<Py<DispatchList>>> = GilCell::new(None);
 
 /// The handlers to call for one event, in registration order.
 pub struct Handlers {
     #[cfg(not(Py_GIL_DISABLED))]
-    list: Py<PyTuple>,
+    list: Py<DispatchList>,
     #[cfg(Py_GIL_DISABLED)]
-    list: Snapshot<Py<PyAny>>,
+    list: Snapshot<Callback>,
 }
 
-/// Creates the dispatch entries' type at import rather than at the first
+impl Handlers {
+    #[inline]
+    fn snapshot(&self) -> &Snapshot<Callback> {
+        #[cfg(not(Py_GIL_DISABLED))]
+        {
+            &self.list.get().snapshot
+        }
+        #[cfg(Py_GIL_DISABLED)]
+        {
+            &self.list
+        }
+    }
+}
+
+/// Creates the dispatch list's type at import rather than at the first
 /// registration (see `py_convert::init_lazy`).
 pub fn init_lazy(py: Python<'_>) {
     #[cfg(not(Py_GIL_DISABLED))]
-    py.get_type::<DispatchEntry>();
+    py.get_type::<DispatchList>();
     #[cfg(Py_GIL_DISABLED)]
     let _ = py;
 }
@@ -80,41 +92,34 @@ pub fn current_handlers(py: Python<'_>) -> Option<Handlers> {
 }
 
 /// Publishes `HANDLERS`' current list to dispatch after it changed; returns
-/// the replaced tuple, to be dropped by the caller.
+/// the replaced one, to be dropped by the caller.
 ///
-/// Building the tuple allocates, which may run the garbage collector and with
-/// it Python code (a `__del__` that registers a handler, or a switch to
-/// another thread that does): a tuple built from a list that changed meanwhile
-/// is built again, so the one published always matches the current list.
+/// It allocates one object, whatever the number of handlers (a change costs
+/// O(1) amortized: docs/performance.md). Allocating may run the garbage
+/// collector and with it Python code (a `__del__` that registers a handler,
+/// or a switch to another thread that does): a list taken before a change
+/// made meanwhile is taken again, so the one published always matches the
+/// current list.
 #[cfg(not(Py_GIL_DISABLED))]
-fn publish(py: Python<'_>) -> PyResult<Option<Py<PyTuple>>> {
+fn publish(py: Python<'_>) -> PyResult<Option<Py<DispatchList>>> {
     loop {
-        let list = HANDLERS.snapshot();
-        let tuple = match &list {
+        let snapshot = HANDLERS.snapshot();
+        let list = match &snapshot {
             None => None,
-            Some(list) => {
-                let entries = list
-                    .iter()
-                    .map(|entry| {
-                        Py::new(
-                            py,
-                            DispatchEntry {
-                                entry: Arc::clone(entry),
-                            },
-                        )
-                    })
-                    .collect::<PyResult<Vec<_>>>()?;
-                Some(PyTuple::new(py, entries)?.unbind())
-            }
+            Some(snapshot) => Some(Py::new(
+                py,
+                DispatchList {
+                    snapshot: snapshot.clone(),
+                },
+            )?),
         };
-        let unchanged = match (&list, HANDLERS.snapshot()) {
+        let unchanged = match (&snapshot, HANDLERS.snapshot()) {
             (None, None) => true,
-            // `list` is alive, so its address cannot have been reused.
-            (Some(built), Some(now)) => Arc::ptr_eq(built, &now),
+            (Some(built), Some(now)) => built.same_as(&now),
             _ => false,
         };
         if unchanged {
-            return Ok(DISPATCH_LIST.replace(py, tuple));
+            return Ok(DISPATCH_LIST.replace(py, list));
         }
     }
 }
@@ -141,13 +146,17 @@ pub fn register_event_handler(callback: &Bound<'_, PyAny>) -> PyResult<EventHand
             type_name(callback)
         )));
     }
-    let (id, replaced) = HANDLERS.register(callback.clone().unbind());
+    let (id, replaced) = HANDLERS.register(GilCell::new(Some(callback.clone().unbind())));
     #[cfg(not(Py_GIL_DISABLED))]
     let replaced = match publish(callback.py()) {
-        Ok(tuple) => (replaced, tuple),
+        Ok(list) => (replaced, list),
         Err(err) => {
             // Not dispatchable (out of memory): not registered either.
-            drop((replaced, HANDLERS.unregister(id)));
+            let (entry, undone) = HANDLERS.unregister(id);
+            let callback = entry
+                .as_ref()
+                .map(|e| e.handler.replace(callback.py(), None));
+            drop((replaced, undone, callback, entry));
             return Err(err);
         }
     };
@@ -164,13 +173,16 @@ pub fn unregister_event_handler(handle: &Bound<'_, PyAny>) -> PyResult<()> {
             type_name(handle)
         ))
     })?;
-    let (_, replaced) = HANDLERS.unregister(handle.get().id);
+    let py = handle.py();
+    let (entry, replaced) = HANDLERS.unregister(handle.get().id);
+    let callback = entry.as_ref().map(|e| e.handler.replace(py, None));
     #[cfg(not(Py_GIL_DISABLED))]
-    // Should publishing fail, the old tuple still holds the entry, whose
+    // Should publishing fail, the old list still holds the entry, whose
     // cleared `active` flag keeps dispatch from starting it.
-    let replaced = (replaced, publish(handle.py())?);
-    // Dropping the replaced list may run a handler's __del__: do it unlocked.
-    drop(replaced);
+    let replaced = (replaced, publish(py)?);
+    // Dropping the callback or the replaced buffer may run a handler's
+    // __del__: do it unlocked, after the registry changed.
+    drop((callback, entry, replaced));
     Ok(())
 }
 
@@ -237,32 +249,25 @@ pub fn dispatch<'py>(
     let _running = EXIT_GATE.enter();
     let mut failures = Failures::default();
     let mut started = 0;
-    let mut run = |is_active: bool, handler: &Bound<'py, PyAny>| {
-        if !is_active {
-            return;
+    for entry in handlers.snapshot().iter() {
+        if !entry.is_active() {
+            continue;
         }
         #[cfg(not(Py_3_14))]
         if !EXIT_GATE.admits_current_thread() {
-            return;
+            continue;
         }
+        // `None`: on free-threaded builds, another thread unregistered it
+        // since the flag was read.
+        let Some(handler) = entry.handler.get(py) else {
+            continue;
+        };
+        let handler = handler.into_bound(py);
         let result = event_for(started).and_then(|event| handler.call1((event,)).map(drop));
         started += 1;
         if let Err(err) = result {
-            failures.add(py, err, handler);
+            failures.add(py, err, &handler);
         }
-    };
-    #[cfg(not(Py_GIL_DISABLED))]
-    for item in handlers.list.bind(py).iter() {
-        // Only `publish` builds these tuples, of DispatchEntry alone.
-        let Ok(item) = item.cast::<DispatchEntry>() else {
-            continue;
-        };
-        let entry = &item.get().entry;
-        run(entry.is_active(), entry.handler.bind(py));
-    }
-    #[cfg(Py_GIL_DISABLED)]
-    for entry in handlers.list.iter() {
-        run(entry.is_active(), entry.handler.bind(py));
     }
     failures.into_result()
 }

@@ -14,7 +14,7 @@ use crate::aggregation::Aggregation;
 use crate::py_aggregation::PyAggregation;
 use crate::py_convert::{Surrogates, datetime_now, sample, string_arg, type_name};
 use crate::py_event::Event;
-use crate::py_registry::{current_handlers, dispatch};
+use crate::py_registry::{Failures, current_handlers, dispatch};
 use crate::stat::{Closed, Stat as CoreStat, WindowStats};
 
 pub const STAT_EVENT: &str = "torch.monitor.Stat";
@@ -72,17 +72,18 @@ impl StatShared {
         })
     }
 
+    /// Emits the windows one call closed. Their handlers' errors are one
+    /// dispatch's: the same `Failures` rule picks the one raised, so a
+    /// KeyboardInterrupt from a later window is not lost behind an ordinary
+    /// error from an earlier one (docs/reliability.md).
     fn emit(&self, py: Python<'_>, closed: &Closed) -> PyResult<()> {
-        let mut first_error: Option<PyErr> = None;
+        let mut failures = Failures::default();
         for window in closed.iter() {
             if let Err(err) = self.emit_window(py, window) {
-                match first_error {
-                    None => first_error = Some(err),
-                    Some(_) => err.write_unraisable(py, Some(self.name.bind(py).as_any())),
-                }
+                failures.add(py, err, self.name.bind(py).as_any());
             }
         }
-        first_error.map_or(Ok(()), Err)
+        failures.into_result()
     }
 
     /// Emits the open window, reporting handler errors as unraisable

@@ -433,6 +433,57 @@ gc.collect()
     assert [r["data"]["i"] for r in records] == list(range(100))
 
 
+def test_dropped_handlers_release_their_threads():
+    """Thousands of handlers dropped without close(): each ended thread is
+    joined, not kept until exit with its stack mapped (tens of thousands of
+    those left the process unable to start a thread; docs/reliability.md).
+    A dropped handler whose queue still drains is waited for at exit as
+    before: its events all arrive."""
+    code = """
+import datetime, sys, time
+import torchmon
+
+def maps():
+    with open("/proc/self/maps") as f:
+        return sum(1 for _ in f)
+
+def threads():
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith("Threads:"))
+
+got = []
+def slow(event):
+    time.sleep(0.001)
+    got.append(event.data["i"])
+
+draining = torchmon.AsyncEventHandler(slow)
+for i in range(300):
+    draining(torchmon.Event("e", datetime.datetime.now(), {"i": i}))
+del draining  # still draining while the others come and go
+
+base = maps()
+for i in range(3000):
+    handler = torchmon.AsyncEventHandler(lambda event: None)
+    del handler
+    if i % 100 == 99:
+        time.sleep(0.01)  # lets the ending threads release their handler
+time.sleep(0.3)
+handler = torchmon.AsyncEventHandler(lambda event: None)
+del handler  # joins those that ended
+print(maps() - base, threads(), flush=True)
+
+import atexit
+atexit.register(lambda: print(got == list(range(300)), flush=True))
+"""
+    proc = run_python(code, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    grown, threads, delivered = proc.stdout.split()
+    # Before: two mappings (stack and guard page) per handler, 6,000 here.
+    assert int(grown) < 600, proc.stdout
+    assert int(threads) < 100, proc.stdout
+    assert delivered == "True"
+
+
 def test_fork_child_gets_its_own_worker(tmp_path):
     proc, records = run_child(
         tmp_path,

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import faulthandler
 import functools
+import gc
 import sys
+import weakref
 from collections.abc import Iterator
 from datetime import datetime, timedelta
 from typing import Any, Callable
@@ -548,6 +550,125 @@ def test_stat_close_runs_every_handler_and_raises_the_first(
         del stat
     assert got == [{"s.sum": 1.5}]
     assert [type(x) for x in unraisable] == [TypeError]
+
+
+def test_keyboard_interrupt_wins_across_the_windows_of_one_add_many(
+    registry: Registry, unraisable: list[BaseException | None]
+) -> None:
+    """One `add_many` closing two windows: the first into a handler raising
+    ValueError, the second into one raising KeyboardInterrupt. Ctrl-C must
+    reach the caller, as from a single dispatch (docs/reliability.md); the
+    ValueError goes to sys.unraisablehook."""
+    raised: list[type[BaseException]] = [ValueError, KeyboardInterrupt]
+
+    def handler(e: Event) -> None:
+        exception = raised.pop(0)
+        raise exception(f"window {2 - len(raised)}")
+
+    registry.add(handler)
+    with ManualClock(0) as clock:
+        stat = Stat("s", [torchmon.COUNT], timedelta(seconds=1), 2)
+        stat.add(1.0)
+        clock.advance(1000)
+        # The first value closes the open window; the second fills
+        # max_samples=2 and closes the next one.
+        with pytest.raises(KeyboardInterrupt, match="window 2"):
+            stat.add_many([2.0, 3.0])
+        assert raised == []
+        del stat
+    assert [type(x) for x in unraisable] == [ValueError]
+
+
+# --- many handlers ------------------------------------------------------------
+
+
+def test_many_registrations_and_unregistrations_keep_order_and_free_handlers(
+    registry: Registry,
+) -> None:
+    """Churn that moves the registry's buffer both ways (it grows with
+    registrations and is compacted after unregistrations): dispatch still
+    calls exactly the registered handlers in registration order, and an
+    unregistered handler is freed at once, even while many others stay
+    registered (docs/reliability.md)."""
+    called: list[int] = []
+
+    class Handler:
+        def __init__(self, key: int) -> None:
+            self.key = key
+
+        def __call__(self, event: Event) -> None:
+            called.append(self.key)
+
+    live: dict[int, EventHandlerHandle] = {}
+    next_key = 0
+    for round_ in range(6):
+        for _ in range(300 if round_ % 2 == 0 else 40):
+            live[next_key] = registry.add(Handler(next_key))
+            next_key += 1
+        # Unregister every handler whose key is not a multiple of 3 or 7.
+        for key in [k for k in live if k % 3 and k % 7]:
+            torchmon.unregister_event_handler(live.pop(key))
+        called.clear()
+        torchmon.log_event(make_event())
+        assert called == sorted(live), f"round {round_}"
+
+
+def test_an_unregistered_handler_is_freed_while_others_stay_registered(
+    registry: Registry,
+) -> None:
+    def noop(event: Event) -> None:
+        pass
+
+    class Sink:
+        def __call__(self, event: Event) -> None:
+            pass
+
+    for _ in range(10):
+        registry.add(noop)
+    sink = Sink()
+    ref = weakref.ref(sink)
+    handle = registry.add(sink)
+    for _ in range(10):
+        registry.add(noop)
+    del sink
+    gc.disable()
+    try:
+        assert ref() is not None
+        torchmon.unregister_event_handler(handle)
+        assert ref() is None  # by reference counting alone
+    finally:
+        gc.enable()
+
+
+def test_registering_and_unregistering_allocates_no_python_object_per_handler() -> None:
+    """A change must not allocate a Python object per registered handler:
+    thousands of handlers made every registration allocate thousands, and
+    the garbage collections they set off made registering and unregistering
+    N handlers worse than quadratic (docs/performance.md). Counted as
+    collections, which a fixed number of allocations per change (the handle,
+    the published list) keeps to a few."""
+    n = 3000
+    handlers = [(lambda event: None) for _ in range(n)]
+    collections: list[int] = []
+
+    def on_gc(phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            collections.append(info["generation"])
+
+    threshold = gc.get_threshold()
+    gc.set_threshold(700, 10, 10)  # CPython's default
+    gc.collect()
+    gc.callbacks.append(on_gc)
+    try:
+        handles = [torchmon.register_event_handler(h) for h in handlers]
+        for handle in handles:
+            torchmon.unregister_event_handler(handle)
+    finally:
+        gc.callbacks.remove(on_gc)
+        gc.set_threshold(*threshold)
+    assert torchmon._core._handler_count() == 0
+    # 2 * n changes; one collection per 700 net allocations of tracked objects.
+    assert len(collections) < 2 * n // 100, f"{len(collections)} collections"
 
 
 # --- threads -----------------------------------------------------------------
