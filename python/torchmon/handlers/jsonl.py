@@ -33,11 +33,11 @@ import os
 import re
 from collections.abc import Generator, Iterator
 from datetime import datetime, timedelta, timezone
-from types import TracebackType
 from typing import Any, BinaryIO
 
 from .._core import Event
 from .._forksafe import new_lock
+from ._common import ClosesOnExit
 
 __all__ = ["FLOAT_TAG", "JsonlEventHandler", "JsonlReader", "read_jsonl"]
 
@@ -100,7 +100,7 @@ def _ends_in_newline(path: str, size: int) -> bool:
         return False
 
 
-class JsonlEventHandler:
+class JsonlEventHandler(ClosesOnExit):
     """An event handler appending each event as one JSON line to ``path``.
 
     ``register_event_handler(JsonlEventHandler("events.jsonl"))``; see this
@@ -295,17 +295,6 @@ class JsonlEventHandler:
             self._closed = True
         if file is not None:
             file.close()
-
-    def __enter__(self) -> JsonlEventHandler:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        traceback: TracebackType | None,
-    ) -> None:
-        self.close()
 
     def __repr__(self) -> str:
         extra = ""

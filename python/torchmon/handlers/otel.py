@@ -7,13 +7,13 @@
 
 from __future__ import annotations
 
-import math
 import re
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Union
 
 from .._core import STAT_EVENT, Event
 from .._forksafe import new_lock
+from ._common import check_mapping, require, set_numeric_values, stat_description
 
 if TYPE_CHECKING:
     from opentelemetry.metrics import Meter, MeterProvider
@@ -41,38 +41,21 @@ def otel_instrument_name(key: str) -> str:
     return name[:_MAX_INSTRUMENT_NAME]
 
 
-def _import_opentelemetry() -> None:
-    try:
-        import opentelemetry.metrics  # noqa: F401
-    except ImportError as exc:
-        raise ImportError(
-            "OpenTelemetryEventHandler needs opentelemetry, which cannot be imported "
-            f"({exc}): pip install opentelemetry-sdk (in a torchmon checkout: "
-            "pip install '.[otel]')"
-        ) from exc
+def _check_attribute_key(key: str) -> None:
+    if not key:
+        raise ValueError("OpenTelemetryEventHandler(attributes): keys must not be empty")
 
 
 def _check_attributes(attributes: object) -> dict[str, _AttributeValue]:
-    if attributes is None:
-        return {}
-    if not isinstance(attributes, Mapping):
-        raise TypeError(
-            "OpenTelemetryEventHandler(attributes): must be a mapping of str keys to "
-            f"str/bool/int/float values, not {type(attributes).__name__}"
-        )
-    checked: dict[str, _AttributeValue] = {}
-    for key, value in attributes.items():
-        if not isinstance(key, str):
-            raise TypeError(f"OpenTelemetryEventHandler(attributes): keys must be str, not {key!r}")
-        if not key:
-            raise ValueError("OpenTelemetryEventHandler(attributes): keys must not be empty")
-        if not isinstance(value, (str, bool, int, float)):
-            raise TypeError(
-                f"OpenTelemetryEventHandler(attributes): the value of {key!r} must be a "
-                f"str, bool, int or float, not {type(value).__name__}"
-            )
-        checked[key] = value
-    return checked
+    return check_mapping(
+        attributes,
+        "OpenTelemetryEventHandler(attributes)",
+        expected="str keys to str/bool/int/float values",
+        key_noun="keys",
+        check_key=_check_attribute_key,
+        value_types=(str, bool, int, float),
+        value_text="a str, bool, int or float",
+    )
 
 
 class OpenTelemetryEventHandler:
@@ -112,7 +95,13 @@ class OpenTelemetryEventHandler:
         meter_name: str = "torchmon",
         attributes: Mapping[str, _AttributeValue] | None = None,
     ) -> None:
-        _import_opentelemetry()
+        require(
+            "OpenTelemetryEventHandler",
+            "opentelemetry.metrics",
+            library="opentelemetry",
+            pip_name="opentelemetry-sdk",
+            extra="otel",
+        )
         from opentelemetry import metrics
 
         from .. import __version__
@@ -151,13 +140,7 @@ class OpenTelemetryEventHandler:
         with self._lock:
             source = self._sources.get(folded)
             if source is None:
-                stat, _, aggregation = key.rpartition(".")
-                description = (
-                    f"torchmon Stat {stat!r}, {aggregation} over the last closed window"
-                    if stat
-                    else f"torchmon Stat value {key!r}"
-                )
-                gauge = self._meter.create_gauge(name, description=description)
+                gauge = self._meter.create_gauge(name, description=stat_description(key))
                 self._gauges[folded] = gauge
                 self._sources[folded] = key
                 return gauge
@@ -171,20 +154,11 @@ class OpenTelemetryEventHandler:
     def __call__(self, event: Event) -> None:
         if event.name != STAT_EVENT:
             return
-        first_error: ValueError | None = None
-        for key, value in event.data.items():
-            if isinstance(value, bool) or not isinstance(value, (int, float)):
-                continue
-            if isinstance(value, float) and not math.isfinite(value):
-                continue  # the SDK would drop it, logging a warning each time
-            try:
-                gauge = self._gauge(key)
-            except ValueError as exc:
-                first_error = first_error or exc
-                continue
-            gauge.set(value, attributes=self._attributes)
-        if first_error is not None:
-            raise first_error
+        # finite_only: the SDK would drop NaN and the infinities, logging a warning each time.
+        set_numeric_values(event.data, self._gauge, self._set, finite_only=True)
+
+    def _set(self, gauge: Gauge, value: float) -> None:
+        gauge.set(value, attributes=self._attributes)
 
     def __repr__(self) -> str:
         return (

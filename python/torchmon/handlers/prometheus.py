@@ -8,11 +8,11 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from types import TracebackType
 from typing import TYPE_CHECKING
 
 from .._core import STAT_EVENT, Event
 from .._forksafe import new_lock
+from ._common import ClosesOnExit, check_mapping, require, set_numeric_values, stat_description
 
 if TYPE_CHECKING:
     from prometheus_client import CollectorRegistry, Gauge
@@ -37,46 +37,27 @@ def prometheus_metric_name(key: str, prefix: str = "") -> str:
     return name
 
 
-def _import_prometheus_client() -> None:
-    try:
-        import prometheus_client  # noqa: F401
-    except ImportError as exc:
-        raise ImportError(
-            "PrometheusEventHandler needs prometheus_client, which cannot be imported "
-            f"({exc}): pip install prometheus-client (in a torchmon checkout: "
-            "pip install '.[prometheus]')"
-        ) from exc
+def _check_label_name(name: str) -> None:
+    if not _LABEL_NAME.match(name) or name.startswith("__"):
+        raise ValueError(
+            f"PrometheusEventHandler(labels): invalid label name {name!r} (must match "
+            "[a-zA-Z_][a-zA-Z0-9_]* and not start with '__')"
+        )
 
 
 def _check_labels(labels: object) -> dict[str, str]:
-    if labels is None:
-        return {}
-    if not isinstance(labels, Mapping):
-        raise TypeError(
-            "PrometheusEventHandler(labels): must be a mapping of label names to str "
-            f"values, not {type(labels).__name__}"
-        )
-    checked: dict[str, str] = {}
-    for name, value in labels.items():
-        if not isinstance(name, str):
-            raise TypeError(
-                f"PrometheusEventHandler(labels): label names must be str, not {name!r}"
-            )
-        if not _LABEL_NAME.match(name) or name.startswith("__"):
-            raise ValueError(
-                f"PrometheusEventHandler(labels): invalid label name {name!r} (must match "
-                "[a-zA-Z_][a-zA-Z0-9_]* and not start with '__')"
-            )
-        if not isinstance(value, str):
-            raise TypeError(
-                f"PrometheusEventHandler(labels): the value of {name!r} must be a str, "
-                f"not {type(value).__name__}"
-            )
-        checked[name] = value
-    return checked
+    return check_mapping(
+        labels,
+        "PrometheusEventHandler(labels)",
+        expected="label names to str values",
+        key_noun="label names",
+        check_key=_check_label_name,
+        value_types=(str,),
+        value_text="a str",
+    )
 
 
-class PrometheusEventHandler:
+class PrometheusEventHandler(ClosesOnExit):
     """An event handler exposing every Stat window as Prometheus gauges.
 
     For each ``torch.monitor.Stat`` event, each data item ``"<stat>.<agg>"``
@@ -121,7 +102,13 @@ class PrometheusEventHandler:
         prefix: str = "",
         labels: Mapping[str, str] | None = None,
     ) -> None:
-        _import_prometheus_client()
+        require(
+            "PrometheusEventHandler",
+            "prometheus_client",
+            library="prometheus_client",
+            pip_name="prometheus-client",
+            extra="prometheus",
+        )
         import prometheus_client
 
         if registry is None:
@@ -168,16 +155,10 @@ class PrometheusEventHandler:
                     f"the metric name {name!r}"
                 )
             return self._children[name]
-        stat, _, aggregation = key.rpartition(".")
-        documentation = (
-            f"torchmon Stat {stat!r}, {aggregation} over the last closed window"
-            if stat
-            else f"torchmon Stat value {key!r}"
-        )
         try:
             gauge = prometheus_client.Gauge(
                 name,
-                documentation,
+                stat_description(key),
                 labelnames=tuple(self._labels),
                 registry=self._registry,
             )
@@ -197,21 +178,10 @@ class PrometheusEventHandler:
     def __call__(self, event: Event) -> None:
         if event.name != STAT_EVENT:
             return
-        first_error: ValueError | None = None
         with self._lock:
             if self._closed:
                 raise ValueError("PrometheusEventHandler is closed")
-            for key, value in event.data.items():
-                if isinstance(value, bool) or not isinstance(value, (int, float)):
-                    continue
-                try:
-                    gauge = self._gauge(key)
-                except ValueError as exc:
-                    first_error = first_error or exc
-                    continue
-                gauge.set(value)
-        if first_error is not None:
-            raise first_error
+            set_numeric_values(event.data, self._gauge, _set_gauge)
 
     def close(self) -> None:
         """Unregisters this handler's gauges from the registry (a second call does nothing)."""
@@ -224,20 +194,13 @@ class PrometheusEventHandler:
         for gauge in gauges:
             self._registry.unregister(gauge)
 
-    def __enter__(self) -> PrometheusEventHandler:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        traceback: TracebackType | None,
-    ) -> None:
-        self.close()
-
     def __repr__(self) -> str:
         state = ", closed" if self._closed else ""
         return (
             f"PrometheusEventHandler(prefix={self._prefix!r}, labels={self._labels!r}, "
             f"{len(self._gauges)} gauges{state})"
         )
+
+
+def _set_gauge(gauge: Gauge, value: float) -> None:
+    gauge.set(value)

@@ -1,0 +1,126 @@
+"""What the gauge sinks (Prometheus, OpenTelemetry) and the file sinks share:
+importing an optional library with a message that says how to install it,
+checking a mapping of constant labels, naming a Stat key's gauge, setting one
+gauge per numeric data value, and closing in a ``with`` block.
+
+Kept free of imports beyond the standard library's cheapest modules:
+``import torchmon`` imports this module (docs/performance.md).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from types import TracebackType
+from typing import Any, Callable, TypeVar
+
+__all__ = [
+    "ClosesOnExit",
+    "check_mapping",
+    "require",
+    "set_numeric_values",
+    "stat_description",
+]
+
+_T = TypeVar("_T")
+_Self = TypeVar("_Self", bound="ClosesOnExit")
+
+
+def require(owner: str, module: str, *, library: str, pip_name: str, extra: str) -> None:
+    """Imports ``module`` (an optional dependency of ``owner``), or raises an
+    ImportError naming the ``pip install`` that provides it (docs/sinks.md)."""
+    try:
+        __import__(module)
+    except ImportError as exc:
+        raise ImportError(
+            f"{owner} needs {library}, which cannot be imported "
+            f"({exc}): pip install {pip_name} (in a torchmon checkout: "
+            f"pip install '.[{extra}]')"
+        ) from exc
+
+
+def check_mapping(
+    mapping: object,
+    where: str,
+    *,
+    expected: str,
+    key_noun: str,
+    check_key: Callable[[str], None],
+    value_types: tuple[type, ...],
+    value_text: str,
+) -> dict[str, Any]:
+    """``mapping`` (a handler's constant labels or attributes) as a new dict,
+    after checking that it is a mapping (``expected`` says of what), that its
+    keys are ``str`` and pass ``check_key``, and that its values are instances
+    of ``value_types`` (named ``value_text``); ``None`` is an empty dict."""
+    if mapping is None:
+        return {}
+    if not isinstance(mapping, Mapping):
+        raise TypeError(f"{where}: must be a mapping of {expected}, not {type(mapping).__name__}")
+    checked: dict[str, Any] = {}
+    for key, value in mapping.items():
+        if not isinstance(key, str):
+            raise TypeError(f"{where}: {key_noun} must be str, not {key!r}")
+        check_key(key)
+        if not isinstance(value, value_types):
+            raise TypeError(
+                f"{where}: the value of {key!r} must be {value_text}, not {type(value).__name__}"
+            )
+        checked[key] = value
+    return checked
+
+
+def stat_description(key: str) -> str:
+    """The help text of the gauge of a Stat data key ``"<stat>.<aggregation>"``."""
+    stat, _, aggregation = key.rpartition(".")
+    if stat:
+        return f"torchmon Stat {stat!r}, {aggregation} over the last closed window"
+    return f"torchmon Stat value {key!r}"
+
+
+def set_numeric_values(
+    data: Mapping[str, object],
+    gauge_of: Callable[[str], _T],
+    set_value: Callable[[_T, float], object],
+    *,
+    finite_only: bool = False,
+) -> None:
+    """Sets ``gauge_of(key)`` to each ``int``/``float`` value of ``data``
+    (``bool`` and ``str`` values are skipped, and so are NaN and the
+    infinities when ``finite_only``). A key whose gauge cannot be had
+    (``gauge_of`` raised ValueError) does not stop the others: the first such
+    error is raised once every other value is set."""
+    first_error: ValueError | None = None
+    for key, value in data.items():
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            continue
+        if finite_only and isinstance(value, float) and not math.isfinite(value):
+            continue
+        try:
+            gauge = gauge_of(key)
+        except ValueError as exc:
+            first_error = first_error or exc
+            continue
+        set_value(gauge, value)
+    if first_error is not None:
+        raise first_error
+
+
+class ClosesOnExit:
+    """``with handler:`` calls ``handler.close()`` on leaving the block."""
+
+    __slots__ = ()
+
+    def close(self) -> None:
+        raise NotImplementedError
+
+    def __enter__(self: _Self) -> _Self:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        self.close()
