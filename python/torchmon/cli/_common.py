@@ -1,0 +1,75 @@
+"""What the ``torchmon`` subcommands share: exit codes, the one-line error
+they report, reading a JSON-lines log, and the TensorBoard writer and handler
+(docs/cli.md)."""
+
+from __future__ import annotations
+
+import importlib
+from pathlib import Path
+from typing import Any
+
+from .._core import Event
+
+_EXIT_OK = 0
+_EXIT_ERROR = 1
+_EXIT_USAGE = 2  # bad arguments, unreadable or malformed input
+_EXIT_INTERRUPTED = 130
+
+
+class _CliError(Exception):
+    """A failure to report as one line on stderr (no traceback), with an exit code."""
+
+    def __init__(self, message: str, code: int = _EXIT_USAGE) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+# --- reading a JSON-lines log ---------------------------------------------
+
+
+def _read_events(path: str) -> list[Event]:
+    """Every event of a JSON-lines log, or a _CliError that says what is wrong
+    (the first unreadable line included)."""
+    return _read_log(path, "raise")[0]
+
+
+def _read_log(path: str, errors: str) -> tuple[list[Event], int, str | None]:
+    """The events of a JSON-lines log read with ``read_jsonl(path,
+    errors=errors)``, how many unreadable lines were skipped, and the first
+    one's message; or a _CliError that says what is wrong."""
+    from ..handlers.jsonl import read_jsonl
+
+    file = Path(path)
+    if not file.exists():
+        raise _CliError(f"{path}: no such file")
+    if file.is_dir():
+        raise _CliError(f"{path}: is a directory, not a JSON-lines file")
+    reader = read_jsonl(path, errors=errors)
+    try:
+        events = list(reader)
+    except ValueError as exc:  # read_jsonl's messages start with "<path>:<line>:"
+        detail = str(exc)
+        raise _CliError(detail if detail.startswith(path) else f"{path}: {detail}") from None
+    except OSError as exc:
+        raise _CliError(f"{path}: cannot read: {exc.strerror or exc}") from None
+    return events, reader.skipped, reader.first_skipped
+
+
+def _summary_writer(logdir: str) -> Any:
+    try:
+        module = importlib.import_module("tensorboardX")
+    except ImportError:
+        raise _CliError(
+            "writing TensorBoard files needs tensorboardX: pip install tensorboardX tensorboard "
+            "(in a torchmon checkout: pip install '.[tensorboard]')"
+        ) from None
+    return module.SummaryWriter(logdir=logdir)
+
+
+def _tensorboard_handler(writer: Any, *, step_field: str | None, layout: str = "torch") -> Any:
+    """The handler that both the demo (live) and ``to-tensorboard`` (from a log)
+    write with, so that a converted log and a live one are the same scalars at
+    the same steps (docs/cli.md)."""
+    from ..handlers.tensorboard import TensorboardEventHandler
+
+    return TensorboardEventHandler(writer, other_events=True, step_field=step_field, layout=layout)

@@ -1,0 +1,177 @@
+"""``torchmon summarize FILE.jsonl``: a per-stat table of a JSON-lines log (docs/cli.md)."""
+
+from __future__ import annotations
+
+import argparse
+import math
+from collections.abc import Iterable
+from typing import Any, TextIO
+
+from .._core import STAT_EVENT, Aggregation, Event
+from ._common import _EXIT_OK, _read_log
+
+_AGGREGATION_NAMES = frozenset(
+    agg.name.lower()
+    for agg in (
+        Aggregation.VALUE,
+        Aggregation.MEAN,
+        Aggregation.COUNT,
+        Aggregation.SUM,
+        Aggregation.MAX,
+        Aggregation.MIN,
+    )
+)
+
+
+def _split_stat_key(key: str) -> tuple[str, str]:
+    """``"train.loss.mean"`` -> ``("train.loss", "mean")``."""
+    stat, dot, agg = key.rpartition(".")
+    if dot and agg in _AGGREGATION_NAMES:
+        return stat, agg
+    return key, ""
+
+
+def _is_number(value: object) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+class _Summary:
+    """Per-stat series of every aggregation across the Stat events' windows,
+    and a count (with the last data) of every other event name."""
+
+    def __init__(self, events: Iterable[Event]) -> None:
+        # stat -> aggregation -> values, in window order; dicts keep first-seen order.
+        self.stats: dict[str, dict[str, list[float]]] = {}
+        self.windows: dict[str, int] = {}
+        self.others: dict[str, int] = {}
+        self.last_other: dict[str, dict[str, Any]] = {}
+        for event in events:
+            data = event.data
+            if event.name == STAT_EVENT:
+                seen: set[str] = set()
+                for key, value in data.items():
+                    if not _is_number(value):
+                        continue
+                    stat, agg = _split_stat_key(key)
+                    self.stats.setdefault(stat, {}).setdefault(agg, []).append(float(value))
+                    seen.add(stat)
+                for stat in seen:
+                    self.windows[stat] = self.windows.get(stat, 0) + 1
+            else:
+                self.others[event.name] = self.others.get(event.name, 0) + 1
+                self.last_other[event.name] = data
+
+    def stat_rows(self) -> list[list[str]]:
+        rows = [["stat", "aggregation", "windows", "last", "mean", "min", "max"]]
+        for stat in sorted(self.stats):
+            for agg, values in self.stats[stat].items():
+                numbers = [v for v in values if not math.isnan(v)]
+                rows.append(
+                    [
+                        stat,
+                        agg or "-",
+                        str(self.windows[stat]),
+                        _number(values[-1]),
+                        _number(_mean(numbers)) if numbers else "nan",
+                        _number(min(numbers)) if numbers else "nan",
+                        _number(max(numbers)) if numbers else "nan",
+                    ]
+                )
+        return rows
+
+    def other_rows(self) -> list[list[str]]:
+        rows = [["event", "count", "last data"]]
+        for name in sorted(self.others):
+            data = self.last_other[name]
+            shown = " ".join(f"{k}={_value_text(v)}" for k, v in data.items())
+            rows.append([name, str(self.others[name]), shown])
+        return rows
+
+    def write(self, out: TextIO) -> None:
+        if self.stats:
+            _write_table(self.stat_rows(), out, numeric_from=2)
+        else:
+            print("no Stat events", file=out)
+        if self.others:
+            print(file=out)
+            _write_table(self.other_rows(), out, numeric_from=1, numeric_to=2)
+
+
+def _mean(values: list[float]) -> float:
+    """The mean of non-NaN ``values``, as IEEE arithmetic has it where
+    ``math.fsum`` raises: inf and -inf give NaN, and a sum beyond the float
+    range (two values near 1e308) is no reason for the mean to be."""
+    if math.inf in values:
+        return math.nan if -math.inf in values else math.inf
+    if -math.inf in values:
+        return -math.inf
+    try:
+        return math.fsum(values) / len(values)
+    except OverflowError:
+        return math.fsum(v / len(values) for v in values)
+
+
+def _number(value: float) -> str:
+    return f"{value:.6g}"
+
+
+def _value_text(value: object) -> str:
+    return _number(value) if isinstance(value, float) else repr(value)
+
+
+def _write_table(
+    rows: list[list[str]], out: TextIO, numeric_from: int, numeric_to: int | None = None
+) -> None:
+    """Aligned columns: text left-aligned, numbers right-aligned; the last
+    column is not padded."""
+    numeric_to = len(rows[0]) if numeric_to is None else numeric_to
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    for row in rows:
+        cells = []
+        for i, cell in enumerate(row):
+            last = i == len(row) - 1
+            if numeric_from <= i < numeric_to:
+                cells.append(cell.rjust(widths[i]))
+            else:
+                cells.append(cell if last else cell.ljust(widths[i]))
+        print("  ".join(cells).rstrip(), file=out)
+
+
+def run(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+    events, skipped, first_skipped = _read_log(args.file, "raise" if args.strict else "skip")
+    if skipped:
+        # A torn line (a writer killed mid-line, a full disk) must not hide
+        # the rest of the log; the count says what was left out.
+        lines = "line" if skipped == 1 else "lines"
+        print(
+            f"torchmon summarize: skipped {skipped} unreadable {lines} "
+            f"(the first: {first_skipped}); --strict stops at it instead",
+            file=err,
+        )
+    if not events:
+        print(f"{args.file}: no events", file=out)
+        return _EXIT_OK
+    _Summary(events).write(out)
+    return _EXIT_OK
+
+
+def add_parser(commands: Any) -> None:
+    summarize = commands.add_parser(
+        "summarize",
+        help="print a per-stat table of a JSON-lines log",
+        description=(
+            "For every Stat in a JSON-lines log: the number of windows and the last, "
+            "mean, min and max of each aggregation across them; then a count of the "
+            "other events."
+        ),
+    )
+    summarize.add_argument("file", metavar="FILE.jsonl")
+    summarize.add_argument(
+        "--strict",
+        action="store_true",
+        help=(
+            "stop at the first unreadable line (exit code 2) instead of skipping "
+            "unreadable lines and saying how many"
+        ),
+    )
+    summarize.set_defaults(run=run)

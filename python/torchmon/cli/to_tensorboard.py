@@ -1,0 +1,114 @@
+"""``torchmon to-tensorboard FILE.jsonl LOGDIR``: a JSON-lines log as TensorBoard
+event files, the scalars a live TensorboardEventHandler writes (docs/cli.md)."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any, TextIO
+
+from .._core import STAT_EVENT
+from ._common import _EXIT_OK, _CliError, _read_events, _summary_writer, _tensorboard_handler
+
+
+def _event_files(directory: Path) -> list[Path]:
+    """The TensorBoard event files directly in ``directory`` (one run)."""
+    return sorted(p for p in directory.glob("*tfevents*") if p.is_file())
+
+
+def _prepare_conversion_logdir(logdir: str, *, append: bool) -> Path:
+    path = Path(logdir)
+    if path.exists() and not path.is_dir():
+        raise _CliError(f"{logdir}: exists and is not a directory")
+    if path.is_dir() and not append:
+        existing = _event_files(path)
+        if existing:
+            raise _CliError(
+                f"{logdir}: already holds {len(existing)} TensorBoard event file(s), "
+                "whose points would be shown twice; give a new directory, or --append"
+            )
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise _CliError(f"{logdir}: cannot create it: {exc.strerror or exc}") from None
+    return path
+
+
+class _CountingWriter:
+    """Passes ``add_scalar`` calls on to a SummaryWriter, counting them."""
+
+    def __init__(self, writer: Any) -> None:
+        self._writer = writer
+        self.scalars = 0
+
+    def add_scalar(self, tag: str, scalar_value: Any, *args: Any, **kwargs: Any) -> Any:
+        self.scalars += 1
+        return self._writer.add_scalar(tag, scalar_value, *args, **kwargs)
+
+    def close(self) -> None:
+        self._writer.close()
+
+
+def run(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+    events = _read_events(args.file)
+    logdir = _prepare_conversion_logdir(args.logdir, append=args.append)
+    try:
+        writer = _CountingWriter(_summary_writer(str(logdir)))
+        try:
+            handler = _tensorboard_handler(writer, step_field=args.step_field, layout=args.layout)
+            for event in events:
+                handler(event)
+        finally:
+            writer.close()
+    except OSError as exc:
+        raise _CliError(f"{logdir}: cannot write: {exc.strerror or exc}") from None
+    # The handler writes every item of a Stat event; the rest came from other events.
+    from_stats = sum(len(e.data) for e in events if e.name == STAT_EVENT)
+    print(
+        f"wrote {writer.scalars} scalars to {args.logdir} "
+        f"({from_stats} from Stat events, {writer.scalars - from_stats} from other events)",
+        file=out,
+    )
+    return _EXIT_OK
+
+
+def add_parser(commands: Any) -> None:
+    convert = commands.add_parser(
+        "to-tensorboard",
+        help="convert a JSON-lines log to TensorBoard event files",
+        description=(
+            "Writes a JSON-lines log as TensorBoard scalars, as TensorboardEventHandler("
+            "writer, other_events=True) does live: Stat events one scalar per key at "
+            "the step of the window (1, 2, 3, ... per tag), other events' numeric "
+            "fields as <name>/<field>; wall times from the events."
+        ),
+    )
+    convert.add_argument("file", metavar="FILE.jsonl")
+    convert.add_argument("logdir", metavar="LOGDIR")
+    convert.add_argument(
+        "--append",
+        action="store_true",
+        help=(
+            "write even if LOGDIR already holds event files (by default that is "
+            "refused: a second conversion would show every point twice)"
+        ),
+    )
+    convert.add_argument(
+        "--layout",
+        choices=("torch", "grouped"),
+        default="torch",
+        help=(
+            "tags of Stat scalars: train.loss.mean (torch, the default) or "
+            "train.loss/mean (grouped: one TensorBoard section per Stat)"
+        ),
+    )
+    convert.add_argument(
+        "--step-field",
+        metavar="FIELD",
+        help=(
+            "take the step of other events' scalars from this integer field, which "
+            "is then not written itself (default: the event's ordinal among the "
+            "events of its name)"
+        ),
+    )
+    convert.set_defaults(run=run)
