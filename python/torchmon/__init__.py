@@ -24,10 +24,42 @@ from ._core import (
     unregister_event_handler,
 )
 from ._wait_counter import WaitCounter, _WaitCounter, _WaitCounterTracker
-from .handlers.jsonl import JsonlEventHandler, read_jsonl
-from .handlers.otel import OpenTelemetryEventHandler
-from .handlers.prometheus import PrometheusEventHandler
-from .handlers.tensorboard import TensorboardEventHandler
+
+# The sinks are imported on first use (PEP 562): with json and re, which they
+# need, they would more than double what `import torchmon` costs
+# (docs/performance.md). Type checkers see them as plain imports.
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from . import handlers as handlers
+    from .handlers.jsonl import JsonlEventHandler, read_jsonl
+    from .handlers.otel import OpenTelemetryEventHandler
+    from .handlers.prometheus import PrometheusEventHandler
+    from .handlers.tensorboard import TensorboardEventHandler
+
+_FROM_HANDLERS = frozenset(
+    (
+        "JsonlEventHandler",
+        "OpenTelemetryEventHandler",
+        "PrometheusEventHandler",
+        "TensorboardEventHandler",
+        "read_jsonl",
+    )
+)
+
+
+def __getattr__(name: str) -> object:
+    if name == "handlers" or name in _FROM_HANDLERS:
+        # Not `from . import handlers`: that looks the attribute up first, here.
+        import importlib
+
+        handlers = importlib.import_module(".handlers", __name__)
+        return handlers if name == "handlers" else getattr(handlers, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), "handlers", *_FROM_HANDLERS})
+
 
 # torch.monitor exports the members at module level too.
 VALUE = Aggregation.VALUE

@@ -11,16 +11,13 @@ keys ``<key>.count``, ``<key>.sum`` and ``<key>.max``.
 from __future__ import annotations
 
 import functools
-import inspect
 import math
 import sys
 import time
-import traceback
 import types
 from collections.abc import Callable
 from datetime import timedelta
 from types import TracebackType
-from typing import Any, TypeVar, Union, cast
 
 from ._core import Aggregation, Stat, _window_ms_of_seconds
 from ._forksafe import new_lock
@@ -39,8 +36,20 @@ _MAX_WINDOW_MS = timedelta.max // _MS
 _counters: dict[str, tuple[int, Stat]] = {}
 _counters_lock = new_lock()
 
-_F = TypeVar("_F", bound=Callable[..., Any])
-_Text = Union[str, bytes, bytearray]
+# typing.TYPE_CHECKING without importing typing, which with the re module it
+# imports would be a third of what `import torchmon` costs (docs/performance.md).
+# Type checkers take any name TYPE_CHECKING to be true.
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any, TypeVar, Union, cast
+
+    _F = TypeVar("_F", bound=Callable[..., Any])
+    _Text = Union[str, bytes, bytearray]
+else:
+
+    def cast(_type: object, value: object) -> object:
+        """``typing.cast``: the value, unchanged."""
+        return value
 
 
 def _key_text(key: object, owner: str) -> str:
@@ -128,6 +137,8 @@ def _report_unraisable(err: BaseException, stat: Stat) -> None:
         if hook is sys.__unraisablehook__:
             # The default hook accepts only the interpreter's own argument
             # type, which Python code cannot create: print what it would.
+            import traceback  # only here: `import torchmon` stays fast (docs/performance.md)
+
             print(f"{message}: {stat!r}", file=sys.stderr)
             traceback.print_exception(type(err), err, err.__traceback__, file=sys.stderr)
         else:
@@ -168,6 +179,8 @@ def _record(stat: Stat, duration_ns: int, propagating: type[BaseException] | Non
 
 def _code_flags(func: object) -> int:
     """The code flags of the function behind methods and partials (0 if none)."""
+    import inspect
+
     while True:
         if inspect.ismethod(func):
             func = func.__func__
@@ -182,6 +195,8 @@ def _code_flags(func: object) -> int:
 def _call_target(func: Callable[..., Any]) -> Callable[..., Any]:
     """What a call of ``func`` runs, for telling its kind: an instance with a
     ``__call__`` method (not a function, method, partial or class) runs that."""
+    import inspect
+
     if (
         inspect.isroutine(func)
         or isinstance(func, (type, functools.partial))
@@ -235,6 +250,10 @@ class _WaitCounterTracker:
     def __call__(self, func: _F) -> _F:
         if not callable(func):
             raise TypeError(f"guard() as a decorator needs a callable, not {type(func).__name__}")
+        # inspect costs `import torchmon` about as much as the rest of it
+        # together: imported when a function is decorated (docs/performance.md).
+        import inspect
+
         stat = self._stat
         target = _call_target(func)
         if inspect.isasyncgenfunction(target):

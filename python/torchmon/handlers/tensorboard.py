@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import inspect
 import operator
 from typing import Any, Callable, Protocol, Union
 
@@ -217,6 +216,8 @@ class TensorboardEventHandler:
 def _takes_global_step(add_scalar: Callable[..., Any]) -> bool:
     """False only when ``add_scalar``'s signature shows it cannot take a
     ``global_step`` keyword (a writer made for torch.monitor's step-less calls)."""
+    import inspect  # only here: `import torchmon` stays fast (docs/performance.md)
+
     try:
         parameters = inspect.signature(add_scalar).parameters
     except (TypeError, ValueError):  # no signature to read: assume a SummaryWriter
