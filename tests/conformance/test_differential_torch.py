@@ -12,18 +12,18 @@ from __future__ import annotations
 
 import ast
 import datetime
-import gc
 from typing import Any, Callable
 
 import pytest
 from hypothesis import note
 from hypothesis import strategies as st
-from hypothesis.stateful import Bundle, RuleBasedStateMachine, consumes, multiple, rule
+from hypothesis.stateful import consumes, rule
 
 import torchmon
 
-from .test_state_machine import (
+from .rules import (
     FIXED_TS,
+    SharedRules,
     System,
     data_keys,
     data_values,
@@ -31,7 +31,6 @@ from .test_state_machine import (
     make_handler,
     names,
     observe,
-    samples,
     tag,
 )
 
@@ -78,9 +77,9 @@ def tag_get(result: Any) -> Any:
     return sorted((k.name, tag(v)) for k, v in result.items() if k.name != "VALUE")
 
 
-class TorchmonMatchesTorch(RuleBasedStateMachine):
-    stat_ids = Bundle("stat_ids")
-    handle_ids = Bundle("handle_ids")
+class TorchmonMatchesTorch(SharedRules):
+    stat_ids = SharedRules.stat_ids
+    handle_ids = SharedRules.handle_ids
 
     def __init__(self) -> None:
         super().__init__()
@@ -111,29 +110,11 @@ class TorchmonMatchesTorch(RuleBasedStateMachine):
     def create_stat(
         self, name: str, aggregations: list[str], window: Any, max_samples: int | None
     ) -> Any:
-        sid = self.next_id
-        self.next_id += 1
-
-        def create(system: System) -> None:
-            args = [name, [system.aggregation(a) for a in aggregations], window]
-            if max_samples is not None:
-                args.append(max_samples)
-            system.stats[sid] = system.module.Stat(*args)
-
-        _, error, _ = self.both(create)
-        return multiple() if error else sid
-
-    @rule(sid=stat_ids, value=samples)
-    def add(self, sid: int, value: Any) -> None:
-        self.both(lambda s: s.stats[sid].add(value))
+        return self.create_stat_in_both(name, aggregations, window, max_samples)
 
     @rule(sid=stat_ids, values=st.lists(floats, min_size=1, max_size=12))
     def add_several(self, sid: int, values: list[float]) -> None:
-        def add_all(system: System) -> None:
-            for value in values:
-                system.stats[sid].add(value)
-
-        self.both(add_all)
+        self.add_in_a_row(sid, values)
 
     @rule(sid=stat_ids)
     def get_count_name(self, sid: int) -> None:
@@ -142,19 +123,9 @@ class TorchmonMatchesTorch(RuleBasedStateMachine):
             view=lambda r: (tag_get(r[0]), tag(r[1]), tag(r[2])),
         )
 
-    @rule(sid=consumes(stat_ids))
-    def delete_stat(self, sid: int) -> None:
-        def delete(system: System) -> None:
-            # The last reference: destruction is immediate (gc.collect() would
-            # make each step slow once torch is imported).
-            del system.stats[sid]
-
-        self.both(delete)
-
     @rule(target=handle_ids, kind=st.sampled_from(["record", "record", "rename"]))
     def register(self, kind: str) -> int:
-        hid = self.next_id
-        self.next_id += 1
+        hid = self.new_id()
 
         def register_in(system: System) -> None:
             handler = make_handler(system, hid, kind, "")
@@ -170,33 +141,18 @@ class TorchmonMatchesTorch(RuleBasedStateMachine):
 
     @rule(name=names, data=st.dictionaries(data_keys, data_values, max_size=4))
     def log_event(self, name: str, data: dict[str, Any]) -> None:
-        def log(system: System) -> Any:
-            event = system.module.Event(name, FIXED_TS, data)
-            system.logged = event
-            try:
-                system.module.log_event(event)
-            finally:
-                system.logged = None
-            return (event.name, event.data, event.timestamp)
-
-        self.both(log, view=lambda r: tuple(tag(x) for x in r))
+        self.log_event_in_both(name, data, FIXED_TS)
 
     @rule(value=st.sampled_from([5, "event", 1.5]))
     def log_non_event(self, value: Any) -> None:
-        self.both(lambda s: s.module.log_event(value))
+        self.log_non_event_in_both(value)
 
     @rule(value=st.sampled_from([1, "handler", 2.5]))
     def register_non_callable(self, value: Any) -> None:
-        self.both(lambda s: s.module.register_event_handler(value))
+        self.register_non_callable_in_both(value)
 
     def teardown(self) -> None:
-        # Unregister first, so that deleting Stats calls no handler.
-        for system in self.systems:
-            for handle in system.handles.values():
-                system.module.unregister_event_handler(handle)
-            system.handles.clear()
-            system.stats.clear()
-        gc.collect()
+        self.unregister_all()
 
 
 TestTorchmonMatchesTorch = TorchmonMatchesTorch.TestCase

@@ -10,66 +10,35 @@ from __future__ import annotations
 
 import contextlib
 import datetime
-import gc
-import math
 import sys
 from typing import Any, Callable
 
-import numpy as np
 import pytest
 from hypothesis import note
 from hypothesis import strategies as st
 from hypothesis.errors import InvalidArgument
-from hypothesis.stateful import (
-    Bundle,
-    RuleBasedStateMachine,
-    consumes,
-    invariant,
-    multiple,
-    rule,
-)
+from hypothesis.stateful import invariant, rule
 
 import torchmon
 from torchmon import _core
 
 from . import model
-
-pytestmark = pytest.mark.hypothesis_suite
-
-HANDLER_ERRORS: dict[str, type[BaseException]] = {
-    "ValueError": ValueError,
-    "KeyError": KeyError,
-    "ZeroDivisionError": ZeroDivisionError,
-    "KeyboardInterrupt": KeyboardInterrupt,
-}
-FIXED_TS = datetime.datetime(2011, 5, 6, 12, 13, 14, 15)
-AWARE_TS = datetime.datetime(
-    2020, 1, 2, 3, 4, 5, tzinfo=datetime.timezone(datetime.timedelta(hours=5))
+from .rules import (
+    AWARE_TS,
+    FIXED_TS,
+    HANDLER_ERRORS,
+    SharedRules,
+    System,
+    data_keys,
+    data_values,
+    floats,
+    make_handler,
+    names,
+    observe,
+    tag,
 )
 
-
-def tag(value: Any) -> Any:
-    """A comparable, type-preserving form of a value (NaN equals NaN, the
-    sign of zero counts)."""
-    if isinstance(value, bool):
-        return ("bool", value)
-    if isinstance(value, int):
-        return ("int", value)
-    if isinstance(value, float):
-        if math.isnan(value):
-            return ("float", "nan")
-        return ("float", value, math.copysign(1.0, value))
-    if isinstance(value, str):
-        return ("str", value)
-    if isinstance(value, dict):
-        return ("dict", sorted((repr(tag(k)), tag(v)) for k, v in value.items()))
-    if isinstance(value, datetime.datetime):
-        if value.tzinfo is None and abs((value - datetime.datetime.now()).total_seconds()) < 3600:
-            return ("datetime", "now")
-        return ("datetime", value.isoformat())
-    if value is None:
-        return None
-    return ("other", type(value).__name__)
+pytestmark = pytest.mark.hypothesis_suite
 
 
 def tag_get(result: Any) -> Any:
@@ -78,82 +47,6 @@ def tag_get(result: Any) -> Any:
     return sorted((k.name, tag(v)) for k, v in result.items())
 
 
-class System:
-    """One implementation (torchmon or the model) and what it was seen doing."""
-
-    def __init__(self, module: Any, set_clock: Callable[[int | None], object]) -> None:
-        self.module = module
-        self.set_clock = set_clock
-        self.calls: list[Any] = []
-        self.stats: dict[int, Any] = {}
-        self.handles: dict[int, Any] = {}
-        self.logged: Any = None
-        self.depth = 0
-
-    def aggregation(self, name: str) -> Any:
-        return getattr(self.module.Aggregation, name)
-
-
-def make_handler(system: System, number: int, kind: str, arg: str) -> Callable[[Any], None]:
-    def handler(event: Any) -> None:
-        system.calls.append(
-            (
-                number,
-                tag(event.name),
-                tag(event.data),
-                tag(event.timestamp),
-                event is system.logged,
-            )
-        )
-        if kind == "raise":
-            raise HANDLER_ERRORS[arg](f"handler {number}")
-        if kind == "rename":
-            event.name = event.name + "!"
-        if kind == "log_inner" and system.depth == 0:
-            system.depth += 1
-            try:
-                system.module.log_event(system.module.Event("inner", FIXED_TS, {"from": number}))
-            finally:
-                system.depth -= 1
-        if kind == "unregister_self" and number in system.handles:
-            system.module.unregister_event_handler(system.handles.pop(number))
-
-    return handler
-
-
-def observe(system: System, action: Callable[[], Any]) -> tuple[Any, str | None, list[Any]]:
-    system.calls = []
-    try:
-        result, error = action(), None
-    except BaseException as exc:  # KeyboardInterrupt from a handler included
-        result, error = None, type(exc).__name__
-    calls, system.calls = system.calls, []
-    return result, error, calls
-
-
-names = st.text(st.characters(codec="utf-8"), max_size=8)
-data_keys = st.text(st.characters(codec="utf-8"), max_size=5)
-floats = st.one_of(
-    st.floats(allow_nan=True, allow_infinity=True),
-    st.sampled_from([0.0, -0.0, 1e308, -1e308, 5e-324, float("nan"), float("inf")]),
-)
-data_values = st.one_of(
-    st.text(max_size=5),
-    st.integers(min_value=-(2**64), max_value=2**64),
-    floats,
-    st.booleans(),
-    st.none(),
-    st.lists(st.integers(), max_size=2),
-)
-samples = st.one_of(
-    floats,
-    st.integers(min_value=-(2**70), max_value=2**70),
-    st.sampled_from([2**1024, -(2**1100)]),
-    st.booleans(),
-    st.builds(np.float32, st.floats(width=32)),
-    st.builds(np.int64, st.integers(min_value=-(2**63), max_value=2**63 - 1)),
-    st.sampled_from(["1.5", None, object, [1.0], b"1"]),
-)
 window_specs = st.one_of(
     st.sampled_from([1, 2, 7, 10, 100, 1000, 60_000, 3_600_000]).map(lambda ms: ("ms", ms)),
     st.sampled_from([0.001, 0.0105, 1.5, 0.0005, -1.0, 60]).map(lambda s: ("raw", s)),
@@ -161,9 +54,9 @@ window_specs = st.one_of(
 max_samples_specs = st.one_of(st.none(), st.sampled_from([0, 1, 2, 3, 5, -1, True, 2**63 - 1, 1.5]))
 
 
-class TorchmonMatchesModel(RuleBasedStateMachine):
-    stat_ids = Bundle("stat_ids")
-    handle_ids = Bundle("handle_ids")
+class TorchmonMatchesModel(SharedRules):
+    stat_ids = SharedRules.stat_ids
+    handle_ids = SharedRules.handle_ids
 
     def __init__(self) -> None:
         super().__init__()
@@ -205,31 +98,13 @@ class TorchmonMatchesModel(RuleBasedStateMachine):
     def create_stat(
         self, name: str, aggregations: list[str], window: tuple[str, Any], max_samples: Any
     ) -> Any:
-        sid = self.next_id
-        self.next_id += 1
-
-        def create(system: System) -> None:
-            kind, amount = window
-            size = datetime.timedelta(milliseconds=amount) if kind == "ms" else amount
-            args = [name, [system.aggregation(a) for a in aggregations], size]
-            if max_samples is not None:
-                args.append(max_samples)
-            system.stats[sid] = system.module.Stat(*args)
-
-        _, error, _, _ = self.both(create)
-        return multiple() if error else sid
-
-    @rule(sid=stat_ids, value=samples)
-    def add(self, sid: int, value: Any) -> None:
-        self.both(lambda s: s.stats[sid].add(value))
+        kind, amount = window
+        size = datetime.timedelta(milliseconds=amount) if kind == "ms" else amount
+        return self.create_stat_in_both(name, aggregations, size, max_samples)
 
     @rule(sid=stat_ids, values=st.lists(floats, min_size=1, max_size=20))
     def add_many_in_a_row(self, sid: int, values: list[float]) -> None:
-        def add_all(system: System) -> None:
-            for value in values:
-                system.stats[sid].add(value)
-
-        self.both(add_all)
+        self.add_in_a_row(sid, values)
 
     @rule(sid=stat_ids)
     def get(self, sid: int) -> None:
@@ -240,15 +115,6 @@ class TorchmonMatchesModel(RuleBasedStateMachine):
         self.both(
             lambda s: (s.stats[sid].count, s.stats[sid].name), view=lambda r: (tag(r[0]), tag(r[1]))
         )
-
-    @rule(sid=consumes(stat_ids))
-    def delete_stat(self, sid: int) -> None:
-        def delete(system: System) -> None:
-            # The last reference: destruction is immediate (gc.collect() would
-            # make each step slow once torch is imported).
-            del system.stats[sid]
-
-        self.both(delete)
 
     # -- The clock ------------------------------------------------------------
 
@@ -276,8 +142,7 @@ class TorchmonMatchesModel(RuleBasedStateMachine):
         reuse=st.booleans(),
     )
     def register(self, kind: str, error: str, reuse: bool) -> int:
-        hid = self.next_id
-        self.next_id += 1
+        hid = self.new_id()
         number = hid
         if reuse and self.handler_numbers:
             # The same callable registered again (called twice per event).
@@ -312,24 +177,15 @@ class TorchmonMatchesModel(RuleBasedStateMachine):
         aware=st.booleans(),
     )
     def log_event(self, name: str, data: dict[str, Any], aware: bool) -> None:
-        def log(system: System) -> Any:
-            event = system.module.Event(name, AWARE_TS if aware else FIXED_TS, data)
-            system.logged = event
-            try:
-                system.module.log_event(event)
-            finally:
-                system.logged = None
-            return (event.name, event.data, event.timestamp)
-
-        self.both(log, view=lambda r: tuple(tag(x) for x in r))
+        self.log_event_in_both(name, data, AWARE_TS if aware else FIXED_TS)
 
     @rule(value=st.sampled_from([None, 5, "event", 1.5]))
     def log_non_event(self, value: Any) -> None:
-        self.both(lambda s: s.module.log_event(value))
+        self.log_non_event_in_both(value)
 
     @rule(value=st.sampled_from([None, 1, "handler", 2.5]))
     def register_non_callable(self, value: Any) -> None:
-        self.both(lambda s: s.module.register_event_handler(value))
+        self.register_non_callable_in_both(value)
 
     @rule(value=st.sampled_from([None, 1, "handle"]))
     def unregister_non_handle(self, value: Any) -> None:
@@ -342,12 +198,7 @@ class TorchmonMatchesModel(RuleBasedStateMachine):
 
     def teardown(self) -> None:
         try:
-            for system in self.systems:
-                for handle in system.handles.values():
-                    system.module.unregister_event_handler(handle)
-                system.handles.clear()
-                system.stats.clear()
-            gc.collect()
+            self.unregister_all()
         finally:
             for system in self.systems:
                 system.set_clock(None)
