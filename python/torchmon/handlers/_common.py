@@ -2,9 +2,6 @@
 importing an optional library with a message that says how to install it,
 checking a mapping of constant labels, naming a Stat key's gauge, setting one
 gauge per numeric data value, and closing in a ``with`` block.
-
-Kept free of imports beyond the standard library's cheapest modules:
-``import torchmon`` imports this module (docs/performance.md).
 """
 
 from __future__ import annotations
