@@ -1,16 +1,8 @@
-//! torchmon's native core: torch.monitor's `Stat`, `Event` and handler
-//! registry. The logic lives in PyO3-free modules (`aggregation`, `clock`,
-//! `exit_gate`, `registry`, `stat`, `worker`); the `py_*` modules are the
-//! thin binding layer.
+//! torchmon's native module, `torchmon._core`: torch.monitor's `Stat`,
+//! `Event` and handler registry for Python. The logic lives in the PyO3-free
+//! `torchmon-core` crate (crates/torchmon-core); the `py_*` modules here are
+//! the thin binding layer over it (docs/internals.md, module map).
 #![deny(clippy::undocumented_unsafe_blocks)]
-
-pub mod aggregation;
-pub mod clock;
-pub mod exit_gate;
-pub mod registry;
-pub mod stat;
-mod sync;
-pub mod worker;
 
 mod py_aggregation;
 mod py_async;
@@ -65,6 +57,10 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(_flush_all_stats, m)?)?;
     m.add_function(wrap_pyfunction!(_live_stat_count, m)?)?;
     m.add("STAT_EVENT", crate::py_stat::STAT_EVENT)?;
+    // The version is kept in one place, the workspace's Cargo.toml: maturin
+    // gives it to the wheel, and `torchmon.__version__` reads it from here
+    // (an attribute, not an `__all__` entry).
+    m.setattr("__version__", env!("CARGO_PKG_VERSION"))?;
     // Every lazily initialised cell is filled now (py_convert::init_lazy).
     let py = m.py();
     crate::py_convert::init_lazy(py)?;

@@ -4,7 +4,7 @@
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 
-use crate::clock;
+use torchmon_core::clock;
 
 /// Sets the time (ms) every Stat reads, or restores the real clock with
 /// `None`; returns the previous override.

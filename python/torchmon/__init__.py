@@ -23,6 +23,10 @@ from ._core import (
     register_event_handler,
     unregister_event_handler,
 )
+
+# The version lives in Cargo.toml only; the native module carries it (no
+# importlib.metadata lookup at import, and a source checkout has no metadata).
+from ._core import __version__ as __version__
 from ._wait_counter import WaitCounter, _WaitCounter, _WaitCounterTracker
 from .handlers.jsonl import JsonlEventHandler, read_jsonl
 from .handlers.otel import OpenTelemetryEventHandler
@@ -36,8 +40,6 @@ COUNT = Aggregation.COUNT
 SUM = Aggregation.SUM
 MAX = Aggregation.MAX
 MIN = Aggregation.MIN
-
-__version__ = "0.1.0"
 
 __all__ = [
     "COUNT",

@@ -15,6 +15,8 @@ _InValue: TypeAlias = _DataValue | bytes | bytearray
 # inference of dict literals. bytes keys still work at run time (decoded).
 _EventData: TypeAlias = Mapping[str, _InValue]
 
+__version__: str
+
 __all__ = [
     "STAT_EVENT",
     "Aggregation",

@@ -8,8 +8,8 @@ use std::sync::{Arc, Barrier};
 use std::thread;
 use std::time::Duration;
 
-use _core::aggregation::Aggregation::{Count, Max, Min, Sum, Value};
-use _core::stat::{Stat, WindowStats};
+use torchmon_core::aggregation::Aggregation::{Count, Max, Min, Sum, Value};
+use torchmon_core::stat::{Stat, WindowStats};
 
 const THREADS: u64 = 4;
 
