@@ -1,4 +1,4 @@
-//! Native threads hammering one `Stat` (the loom models in src/stat_loom.rs
+//! Native threads hammering one `Stat` (the loom models in src/stat/loom.rs
 //! prove small cases exhaustively; this runs many windows at full speed).
 //! Every test does a fixed amount of work: a few hundred thousand adds.
 

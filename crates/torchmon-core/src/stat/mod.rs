@@ -1147,5 +1147,5 @@ mod tests {
 }
 
 #[cfg(all(test, loom))]
-#[path = "stat_loom.rs"]
+#[path = "loom.rs"]
 mod loom_tests;
