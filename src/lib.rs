@@ -31,7 +31,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     use crate::py_async::{
         _close_async_handlers_at_exit, _restart_async_handlers_after_fork, AsyncEventHandler,
     };
-    use crate::py_clock::{_clock_ms, _clock_override_ms, _set_clock_ms, _window_ms_of_seconds};
+    use crate::py_clock::{_clock_ms, _set_clock_ms, _window_ms_of_seconds};
     use crate::py_registry::{
         _close_exit_gate, _exit_gate_state, _handler_count, EventHandlerHandle,
         register_event_handler, unregister_event_handler,
@@ -46,7 +46,6 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(_close_async_handlers_at_exit, m)?)?;
     m.add_function(wrap_pyfunction!(_restart_async_handlers_after_fork, m)?)?;
     m.add_function(wrap_pyfunction!(_clock_ms, m)?)?;
-    m.add_function(wrap_pyfunction!(_clock_override_ms, m)?)?;
     m.add_function(wrap_pyfunction!(_set_clock_ms, m)?)?;
     m.add_function(wrap_pyfunction!(_window_ms_of_seconds, m)?)?;
     m.add_function(wrap_pyfunction!(_close_exit_gate, m)?)?;

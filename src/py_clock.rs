@@ -27,12 +27,6 @@ pub fn _clock_ms() -> i64 {
     clock::now_ms()
 }
 
-/// The override in force, if any.
-#[pyfunction]
-pub fn _clock_override_ms() -> Option<i64> {
-    clock::override_ms()
-}
-
 /// A window size in float seconds as whole milliseconds
 /// (`clock::seconds_to_ms`), so that `WaitCounter` converts as `Stat` does.
 /// NaN or infinite: `ValueError`.
