@@ -102,6 +102,6 @@ def _install_exit_flush() -> None:
 # interpreter finalizes. From then on only the exiting thread starts
 # handlers, and it waits for other threads to leave theirs, because CPython
 # 3.11-3.13 end those threads in a way that aborts the process when Rust
-# frames are on their stack (see src/exit_gate.rs, docs/reliability.md).
+# frames are on their stack (see crates/torchmon-core/src/exit_gate.rs, docs/internals.md "Exit").
 atexit.register(_core._close_exit_gate)
 _install_exit_flush()

@@ -1,6 +1,7 @@
 //! The windowed accumulator behind `Stat`, free of PyO3.
 //!
-//! It implements SPEC §3 "Windows" exactly, with a lock-free `add` on the
+//! It implements the window algorithm of docs/internals.md exactly, with a
+//! lock-free `add` on the
 //! common path (the sample lands in the window that is already open).
 //!
 //! # Design
@@ -39,8 +40,9 @@ const INDEX_MASK: u64 = DROP_BIT - 1;
 /// (2**61 samples at a billion per second take 73 years.)
 pub const MAX_SAMPLES_CAP: u64 = 1 << 61;
 
-/// The id of "no window yet", SPEC's initial `cur_id`/`closed_id`. Window ids
-/// here are SPEC's shifted down by one (`t // window_ms`, not `+ 1`), so
+/// The id of "no window yet", the initial `cur_id`/`closed_id` of the
+/// window algorithm (docs/internals.md). Window ids here are torch's shifted
+/// down by one (`t // window_ms`, not `+ 1`), so
 /// that every clock reading has one: `i64::MAX // 1 + 1` does not fit, and a
 /// 1 ms Stat at that instant never closed its windows. Clocks never read
 /// below 0 (`clock::MIN_OVERRIDE_MS`, and the monotonic clock counts from
@@ -117,14 +119,16 @@ impl Closed {
 struct Locked {
     /// The last closed window: what `get()` reports.
     prev: WindowStats,
-    /// Id of the last window that was closed (SPEC's `closed_id`).
+    /// Id of the last window that was closed (the window algorithm's
+    /// `closed_id`, docs/internals.md).
     closed_id: i64,
 }
 
 /// Outcome of the lock-free attempt.
 enum Fast {
     Done,
-    /// This sample filled the window: close it now (SPEC step 4).
+    /// This sample filled the window: close it now (docs/internals.md,
+    /// window algorithm step 4).
     Filled,
     /// The lock-free path cannot decide; take the lock.
     Slow,
@@ -134,7 +138,8 @@ pub struct Stat {
     window_ms: i64,
     max_samples: u64,
     needs: Needs,
-    /// Id of the window the active buffer belongs to (SPEC's `cur_id`).
+    /// Id of the window the active buffer belongs to (the window
+    /// algorithm's `cur_id`, docs/internals.md).
     /// Written only under `locked`.
     cur_id: AtomicI64,
     head: AtomicU64,
@@ -347,7 +352,7 @@ impl Stat {
         closed
     }
 
-    /// SPEC §3 steps 1 to 4 under the lock. `v` is `None` when the sample was
+    /// Steps 1 to 4 of the window algorithm (docs/internals.md) under the lock. `v` is `None` when the sample was
     /// already folded lock-free and only step 4 remains.
     #[cold]
     fn add_locked(&self, v: Option<f64>, window_seen: i64) -> Closed {
@@ -382,7 +387,7 @@ impl Stat {
         closed
     }
 
-    /// SPEC step 1 (and 4): close if the window changed or is full, unless
+    /// Window algorithm step 1 (and 4, docs/internals.md): close if the window changed or is full, unless
     /// this window was already closed.
     ///
     /// When this opens a later window, the first `reserve` slots of its

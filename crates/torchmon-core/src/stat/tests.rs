@@ -141,7 +141,8 @@ fn a_clock_that_goes_back_counts_in_the_open_window() {
 #[test]
 fn a_full_window_closed_by_a_later_add_leaves_get_zeros() {
     // The interleaving loom found, replayed on one thread: an add fills
-    // window 1 lock-free, and before it takes the lock (SPEC step 4) an
+    // window 1 lock-free, and before it takes the lock (docs/internals.md, window algorithm
+    // step 4) an
     // add in window 2 takes it.
     let s = Stat::new(&[Sum, Count], 10, 2);
     assert!(windows(s.add_at(1.0, 5)).is_empty());
