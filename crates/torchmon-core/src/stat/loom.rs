@@ -2,7 +2,7 @@
 //! preemption bound) and every weak-memory outcome loom allows is run, and
 //! each must be one that some sequential order of the same calls gives.
 //!
-//! Run with `RUSTFLAGS="--cfg loom" cargo test --release --lib loom_`
+//! Run with `RUSTFLAGS="--cfg loom" cargo test --release -p torchmon-core --lib loom_`
 //! (see .ci/run).
 //!
 //! Each sample is a distinct power of two, so a window's exact sum names
