@@ -1,16 +1,8 @@
-//! torchmon's native core: torch.monitor's `Stat`, `Event` and handler
-//! registry. The logic lives in PyO3-free modules (`aggregation`, `clock`,
-//! `exit_gate`, `registry`, `stat`, `worker`); the `py_*` modules are the
-//! thin binding layer.
+//! torchmon's native module, `torchmon._core`: torch.monitor's `Stat`,
+//! `Event` and handler registry for Python. The logic lives in the PyO3-free
+//! `torchmon-core` crate (crates/torchmon-core); the `py_*` modules here are
+//! the thin binding layer over it (docs/internals.md, module map).
 #![deny(clippy::undocumented_unsafe_blocks)]
-
-pub mod aggregation;
-pub mod clock;
-pub mod exit_gate;
-pub mod registry;
-pub mod stat;
-mod sync;
-pub mod worker;
 
 mod py_aggregation;
 mod py_async;
@@ -39,7 +31,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     use crate::py_async::{
         _close_async_handlers_at_exit, _restart_async_handlers_after_fork, AsyncEventHandler,
     };
-    use crate::py_clock::{_clock_ms, _clock_override_ms, _set_clock_ms, _window_ms_of_seconds};
+    use crate::py_clock::{_clock_ms, _set_clock_ms, _window_ms_of_seconds};
     use crate::py_registry::{
         _close_exit_gate, _exit_gate_state, _handler_count, EventHandlerHandle,
         register_event_handler, unregister_event_handler,
@@ -54,7 +46,6 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(_close_async_handlers_at_exit, m)?)?;
     m.add_function(wrap_pyfunction!(_restart_async_handlers_after_fork, m)?)?;
     m.add_function(wrap_pyfunction!(_clock_ms, m)?)?;
-    m.add_function(wrap_pyfunction!(_clock_override_ms, m)?)?;
     m.add_function(wrap_pyfunction!(_set_clock_ms, m)?)?;
     m.add_function(wrap_pyfunction!(_window_ms_of_seconds, m)?)?;
     m.add_function(wrap_pyfunction!(_close_exit_gate, m)?)?;
@@ -65,6 +56,10 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(_flush_all_stats, m)?)?;
     m.add_function(wrap_pyfunction!(_live_stat_count, m)?)?;
     m.add("STAT_EVENT", crate::py_stat::STAT_EVENT)?;
+    // The version is kept in one place, the workspace's Cargo.toml: maturin
+    // gives it to the wheel, and `torchmon.__version__` reads it from here
+    // (an attribute, not an `__all__` entry).
+    m.setattr("__version__", env!("CARGO_PKG_VERSION"))?;
     // Every lazily initialised cell is filled now (py_convert::init_lazy).
     let py = m.py();
     crate::py_convert::init_lazy(py)?;

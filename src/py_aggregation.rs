@@ -4,8 +4,8 @@ use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::PyTuple;
 
-use crate::aggregation::Aggregation as Core;
 use crate::py_convert::type_name;
+use torchmon_core::aggregation::Aggregation as Core;
 
 /// Aggregation applied to the samples of one Stat window.
 ///

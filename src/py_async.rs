@@ -30,7 +30,7 @@ use std::time::{Duration, Instant};
 use crate::py_convert::type_name;
 use crate::py_event::Event;
 use crate::py_gil_cell::GilCell;
-use crate::worker::{Flow, Pushed, Sink, Worker};
+use torchmon_core::worker::{Flow, Pushed, Sink, Worker};
 
 /// How long a wait stays detached before checking for signals (Ctrl-C).
 const SLICE: Duration = Duration::from_millis(50);

@@ -4,7 +4,7 @@
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 
-use crate::clock;
+use torchmon_core::clock;
 
 /// Sets the time (ms) every Stat reads, or restores the real clock with
 /// `None`; returns the previous override.
@@ -25,12 +25,6 @@ pub fn _set_clock_ms(ms: Option<i64>) -> PyResult<Option<i64>> {
 #[pyfunction]
 pub fn _clock_ms() -> i64 {
     clock::now_ms()
-}
-
-/// The override in force, if any.
-#[pyfunction]
-pub fn _clock_override_ms() -> Option<i64> {
-    clock::override_ms()
 }
 
 /// A window size in float seconds as whole milliseconds

@@ -3,14 +3,14 @@
 use pyo3::exceptions::{PyException, PyTypeError};
 use pyo3::prelude::*;
 
-#[cfg(not(Py_3_14))]
-use crate::exit_gate::ExitGate;
 use crate::py_convert::type_name;
 use crate::py_event::Event;
 use crate::py_gil_cell::GilCell;
-use crate::registry::{Registry, Snapshot};
 #[cfg(not(Py_3_14))]
 use std::time::Duration;
+#[cfg(not(Py_3_14))]
+use torchmon_core::exit_gate::ExitGate;
+use torchmon_core::registry::{Registry, Snapshot};
 
 /// A registered callback. `unregister_event_handler` takes it out, so that
 /// it is freed then, although the registry keeps the entry itself until its

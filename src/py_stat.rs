@@ -10,12 +10,12 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, LazyLock, Weak};
 
-use crate::aggregation::Aggregation;
 use crate::py_aggregation::PyAggregation;
 use crate::py_convert::{Surrogates, datetime_now, sample, string_arg, type_name};
 use crate::py_event::Event;
 use crate::py_registry::{Failures, current_handlers, dispatch};
-use crate::stat::{Closed, Stat as CoreStat, WindowStats};
+use torchmon_core::aggregation::Aggregation;
+use torchmon_core::stat::{Closed, Stat as CoreStat, WindowStats};
 
 pub const STAT_EVENT: &str = "torch.monitor.Stat";
 
@@ -176,7 +176,7 @@ fn window_ms(arg: WindowArg) -> PyResult<i64> {
                     "Stat(window_size): window_size must be finite, not {s}"
                 )));
             }
-            crate::clock::seconds_to_ms(s)
+            torchmon_core::clock::seconds_to_ms(s)
         }
     };
     if millis < 1 {

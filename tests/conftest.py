@@ -22,7 +22,7 @@ settings.register_profile("deep-part", max_examples=2_000, **_LONG_RUN)
 settings.register_profile("dev", max_examples=100, deadline=None)
 settings.load_profile(os.environ.get("TORCHMON_HYPOTHESIS_PROFILE", "dev"))
 
-#: The folder beside the checkout that holds SPEC.md, conformance/ and wheels/.
+#: The folder beside the checkout that holds conformance/ (the torch vectors) and wheels/.
 SHARED = Path(__file__).resolve().parents[2] / "shared"
 
 

@@ -1,4 +1,4 @@
-"""torchmon.Aggregation (SPEC section 2)."""
+"""torchmon.Aggregation (docs/api.md, "Aggregation")."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pytest
 import torchmon
 from torchmon import Aggregation
 
-# SPEC 2: the C++ enum's values.
+# The C++ enum's values (docs/api.md, "Aggregation").
 EXPECTED_VALUES = {"VALUE": 1, "MEAN": 2, "COUNT": 3, "SUM": 4, "MAX": 5, "MIN": 6}
 ALL_NAMES = sorted(EXPECTED_VALUES, key=EXPECTED_VALUES.__getitem__)
 

@@ -1,6 +1,6 @@
 """Argument validation: every documented TypeError / ValueError / RuntimeError.
 
-SPEC sections 3 (Stat), 4 (Event), 5 (handlers) and "Strings, everywhere".
+docs/api.md: "Stat", "Event", "Handlers (registry)" and its paragraph on strings.
 """
 
 from __future__ import annotations
@@ -469,7 +469,7 @@ def same_float(a: float, b: float) -> bool:
 
 
 def expected_sample(x: object) -> float | None:
-    """float(x) if Stat.add must accept x (SPEC 3), else None (a TypeError)."""
+    """float(x) if Stat.add must accept x (docs/api.md, "Stat"), else None (a TypeError)."""
     if isinstance(x, (bool, float)):
         return float(x)
     if isinstance(x, int):
@@ -497,7 +497,8 @@ def test_hypothesis_stat_add(x: object) -> None:
 
 
 def expected_data_value(x: object) -> tuple[type[BaseException] | None, object]:
-    """(error class, None) or (None, stored value) for an Event data value (SPEC 4)."""
+    """(error class, None) or (None, stored value) for an Event data value
+    (docs/api.md, "Event")."""
     if isinstance(x, bool):
         return None, x
     if isinstance(x, int):
@@ -565,7 +566,8 @@ def test_hypothesis_event_data_key(x: object) -> None:
 
 
 def expected_window_ms(x: object) -> tuple[type[BaseException] | None, int]:
-    """(error class, 0) or (None, window length in ms) for Stat's window_size (SPEC 3)."""
+    """(error class, 0) or (None, window length in ms) for Stat's window_size
+    (docs/api.md, "Stat")."""
     if isinstance(x, timedelta):
         us = (x.days * 86_400 + x.seconds) * 1_000_000 + x.microseconds
         ms = int(us / 1000) if abs(us) < 2**52 else (abs(us) // 1000) * (1 if us >= 0 else -1)
@@ -610,7 +612,8 @@ def test_hypothesis_stat_window_size(x: object) -> None:
 
 
 def expected_max_samples(x: object) -> int | None:
-    """The effective max_samples (<= 0 acts as 1), or None for a TypeError (SPEC 3)."""
+    """The effective max_samples (<= 0 acts as 1), or None for a TypeError
+    (docs/api.md, "Stat")."""
     if isinstance(x, int):  # bool included
         if INT64_MIN <= x <= INT64_MAX:
             return max(int(x), 1)

@@ -1,4 +1,4 @@
-"""SPEC §7, "Deliberate differences from torch 2.13": one or more tests per row.
+"""docs/compatibility.md's differences from torch 2.13: one or more tests per row.
 
 Each test is named after its row and its docstring says what torch 2.13 does.
 Where torch crashes or hangs (SIGFPE, segfault, deadlock, abort), the scenario
@@ -8,7 +8,7 @@ observations as JSON on its last stdout line.
 
 The second half replays every scenario of the shared divergence vectors
 (``torch-2.13-divergence-vectors.jsonl``) against torchmon and against the
-independent pure-Python reference model of the SPEC (tests/conformance/model.py):
+independent pure-Python reference model of the contract (tests/conformance/model.py):
 the two must observe the same thing, and the named scenarios of
 divergence-cases.md get explicit asserts of torchmon's documented behaviour.
 """

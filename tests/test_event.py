@@ -1,4 +1,4 @@
-"""torchmon.Event (SPEC section 4 and "Strings, everywhere")."""
+"""torchmon.Event (docs/api.md, "Event", and its paragraph on strings)."""
 
 from __future__ import annotations
 

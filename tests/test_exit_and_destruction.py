@@ -1,4 +1,5 @@
-"""What happens to a Stat's open window at interpreter exit (SPEC §3, §7).
+"""What happens to a Stat's open window at interpreter exit (docs/internals.md,
+"Exit"; docs/compatibility.md).
 
 torch 2.13 segfaults when a Stat is still alive at exit and loses its last
 window; torchmon emits the open window to the handlers before shutdown, once.

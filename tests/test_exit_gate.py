@@ -1,4 +1,5 @@
-"""Threads still logging while the interpreter exits (issue 5; src/exit_gate.rs).
+"""Threads still logging while the interpreter exits (docs/reliability.md, the
+section of that name; crates/torchmon-core/src/exit_gate.rs).
 
 CPython 3.11-3.13 end a thread that asks for the GIL back after finalization
 began with ``pthread_exit``; when that thread is inside a handler that released

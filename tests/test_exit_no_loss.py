@@ -1,5 +1,5 @@
-"""Nothing is lost at interpreter exit (issue 5; SPEC §7 "a Stat still alive at
-interpreter exit").
+"""Nothing is lost at interpreter exit (docs/reliability.md, "Nothing lost at
+exit"; docs/compatibility.md, "a Stat still alive at interpreter exit").
 
 Each child creates many Stats, each with its own name and its own number of
 samples (all 1.0, so COUNT == SUM == the number of adds), held in every way a

@@ -1,4 +1,4 @@
-"""Handler faults (issue 5) not already pinned elsewhere.
+"""Handler faults (docs/reliability.md, "Handler faults") not already pinned elsewhere.
 
 Already covered, not repeated here:
 - an exception in a handler during ``log_event``: test_handlers.py
@@ -335,10 +335,11 @@ def test_handler_unregistering_itself_during_a_stat_event_then_raising(
 def test_handler_registered_during_a_dispatch_sees_the_next_event_not_the_current(
     handlers: Handlers, trigger: str
 ) -> None:
-    """Not written down in SPEC/compatibility.md (test_divergences leaves it open);
-    this pins the implementation's snapshot semantics (src/registry.rs: a
-    dispatch runs the handlers registered when it started): a handler registered
-    while an event is dispatched is not called for that event, only for later ones."""
+    """Not written down in docs/compatibility.md (test_divergences leaves it open);
+    this pins the implementation's snapshot semantics
+    (crates/torchmon-core/src/registry.rs: a dispatch runs the handlers registered
+    when it started): a handler registered while an event is dispatched is not
+    called for that event, only for later ones."""
     late: list[Any] = []
 
     def registrar(e: Event) -> None:

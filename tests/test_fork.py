@@ -1,4 +1,4 @@
-"""torchmon after fork (issue 5).
+"""torchmon after fork (docs/reliability.md, "fork").
 
 A forked child must be able to add, log, register and unregister without
 deadlocking, even when another parent thread was in the middle of registering,

@@ -1,4 +1,5 @@
-"""Handler registry and dispatch: register/unregister/log_event (SPEC section 5)."""
+"""Handler registry and dispatch: register/unregister/log_event (docs/api.md,
+"Handlers (registry)")."""
 
 from __future__ import annotations
 

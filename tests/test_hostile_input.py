@@ -1,9 +1,9 @@
-"""Hostile input (issue 5): arbitrary Python objects into every constructor,
+"""Hostile input (docs/reliability.md): arbitrary Python objects into every constructor,
 method and setter of the public API.
 
 Allowed outcomes of each call: it succeeds, or it raises ``TypeError`` or
 ``ValueError`` (``RuntimeError`` only for a lone surrogate as an Event data
-value, SPEC "Strings"), or it lets through the very exception that one of the
+value, docs/api.md on strings), or it lets through the very exception that one of the
 input's own methods raised (``Hostile``: a ``__float__`` or ``__iter__`` that
 raises, as ``float(x)`` and ``list(x)`` do). Anything else fails the test: a
 ``SystemError``, an ``OverflowError`` (not documented anywhere), a

@@ -1,4 +1,4 @@
-"""Leaks (issue 5): memory stays flat over a million operations, reference counts
+"""Leaks (docs/reliability.md): memory stays flat over a million operations, reference counts
 are unchanged by dispatch, handlers are freed after unregistering.
 
 The memory tests run in a fresh interpreter so that RSS measures torchmon alone.

@@ -1,4 +1,5 @@
-"""torchmon.Stat: windows, aggregations and the Stat event (SPEC section 3).
+"""torchmon.Stat: windows, aggregations and the Stat event (docs/api.md, "Stat";
+docs/internals.md, "Window algorithm").
 
 Every time-based test drives the clock with ManualClock; window id = t_ms // window_ms + 1.
 """

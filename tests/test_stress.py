@@ -1,6 +1,6 @@
-"""Concurrency stress (issue 5): Python threads adding to shared Stats while other
-threads register and unregister handlers and log events, with handlers that do
-Python work and raise.
+"""Concurrency stress (docs/reliability.md, "Ordering and delivery"): Python
+threads adding to shared Stats while other threads register and unregister
+handlers and log events, with handlers that do Python work and raise.
 
 Every scenario runs in a fresh interpreter with a hard timeout, so a deadlock
 fails the test instead of hanging CI. The child checks its own bookkeeping and
@@ -8,16 +8,16 @@ prints one JSON summary; the assertions below compare the numbers in it:
 
 - every add is accounted for: for the Stats without ``max_samples``, the COUNTs
   of all emitted windows (the last one emitted when the Stat is destroyed at
-  the end, SPEC §3) add up to the number of adds, and the SUMs to the sum of the
+  the end, docs/internals.md "Exit") add up to the number of adds, and the SUMs to the sum of the
   added values (integer-valued floats, so the sums are exact);
 - with ``max_samples`` and a test clock moved in phases, the windows hold
   exactly ``min(max_samples, attempts)`` samples each: exactly the documented
-  drops (SPEC §3, step 2);
+  drops (docs/internals.md, window algorithm step 2);
 - every handler registered for the whole run sees every event (the same
   multiset for each); a handler registered by a churning thread sees every
   ``log_event`` call that started after its registration returned and ended
   before its unregistration started, and nothing that started after its
-  unregistration returned (SPEC §5);
+  unregistration returned (docs/reliability.md, "Ordering and delivery");
 - every exception raised by a handler is either re-raised to the caller of
   ``add``/``log_event`` (at most one per dispatch) or reported through
   ``sys.unraisablehook``: raised == caught + unraisable, exactly.

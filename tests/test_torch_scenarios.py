@@ -7,7 +7,7 @@ copy keeps torch's real sleep loop).
 
 The differential tests run one program against the real ``torch.monitor``
 (skipped when torch is not installed) and against torchmon and require equal
-observations, except for the differences SPEC §7 documents, which are
+observations, except for the differences docs/compatibility.md documents, which are
 asserted separately (torch's side and torchmon's side).
 """
 

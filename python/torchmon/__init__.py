@@ -23,6 +23,10 @@ from ._core import (
     register_event_handler,
     unregister_event_handler,
 )
+
+# The version lives in Cargo.toml only; the native module carries it (no
+# importlib.metadata lookup at import, and a source checkout has no metadata).
+from ._core import __version__ as __version__
 from ._wait_counter import WaitCounter, _WaitCounter, _WaitCounterTracker
 
 # The sinks are imported on first use (PEP 562): with json and re, which they
@@ -68,8 +72,6 @@ COUNT = Aggregation.COUNT
 SUM = Aggregation.SUM
 MAX = Aggregation.MAX
 MIN = Aggregation.MIN
-
-__version__ = "0.1.0"
 
 __all__ = [
     "COUNT",
@@ -132,6 +134,6 @@ def _install_exit_flush() -> None:
 # interpreter finalizes. From then on only the exiting thread starts
 # handlers, and it waits for other threads to leave theirs, because CPython
 # 3.11-3.13 end those threads in a way that aborts the process when Rust
-# frames are on their stack (see src/exit_gate.rs, docs/reliability.md).
+# frames are on their stack (see crates/torchmon-core/src/exit_gate.rs, docs/internals.md "Exit").
 atexit.register(_core._close_exit_gate)
 _install_exit_flush()

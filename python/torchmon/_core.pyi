@@ -15,6 +15,8 @@ _InValue: TypeAlias = _DataValue | bytes | bytearray
 # inference of dict literals. bytes keys still work at run time (decoded).
 _EventData: TypeAlias = Mapping[str, _InValue]
 
+__version__: str
+
 __all__ = [
     "STAT_EVENT",
     "Aggregation",
@@ -23,7 +25,6 @@ __all__ = [
     "EventHandlerHandle",
     "Stat",
     "_clock_ms",
-    "_clock_override_ms",
     "_close_async_handlers_at_exit",
     "_close_exit_gate",
     "_exit_gate_state",
@@ -151,5 +152,4 @@ def _live_stat_count() -> int: ...
 def _handler_count() -> int: ...
 def _set_clock_ms(ms: int | None) -> int | None: ...
 def _clock_ms() -> int: ...
-def _clock_override_ms() -> int | None: ...
 def _window_ms_of_seconds(seconds: float) -> int: ...

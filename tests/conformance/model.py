@@ -1,7 +1,8 @@
 """Pure-Python reference model of the torchmon behaviour contract.
 
-Written from /work/shared/SPEC.md (sections 1-7, torchmon's side of every
-row in section 7), independently of the Rust code in src/.  It is meant to be
+Written from the documented contract (docs/api.md, docs/internals.md's
+window algorithm, and torchmon's side of every row of docs/compatibility.md),
+independently of the Rust code.  It is meant to be
 read in one sitting and used as an oracle: replay.py can load it as MODULE,
 and property tests can run it side by side with torchmon.
 
@@ -30,7 +31,7 @@ STAT_EVENT = "torch.monitor.Stat"
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 
 
-# --- Clock (SPEC 3 "Windows": monotonic clock in whole milliseconds) ------
+# --- Clock (window algorithm: monotonic clock in whole milliseconds) ------
 
 _fixed_clock_ms = None  # None: read the real monotonic clock
 
@@ -48,7 +49,7 @@ def set_clock_ms(t):
     _fixed_clock_ms = None if t is None else operator.index(t)
 
 
-# --- Aggregation (SPEC 2) -------------------------------------------------
+# --- Aggregation (docs/api.md) -------------------------------------------
 
 
 class Aggregation(enum.Enum):
@@ -76,7 +77,7 @@ class data_value_t:
         raise TypeError("data_value_t cannot be constructed")
 
 
-# --- Argument conversion (SPEC "Strings, everywhere", 3 and 4) ------------
+# --- Argument conversion (docs/api.md: strings, Stat, Event) ------------
 
 
 def _as_text(x, what, surrogate_error=TypeError):
@@ -102,9 +103,9 @@ def _is_numpy_scalar(v):
 
 
 def _as_data_value(v, key):
-    """One Event data value -> bool | str | int | float (SPEC 4)."""
+    """One Event data value -> bool | str | int | float (docs/api.md, "Event")."""
     if isinstance(v, bool):
-        return v  # SPEC 7: stays bool (torch turns it into 1.0/0.0)
+        return v  # docs/compatibility.md: stays bool (torch turns it into 1.0/0.0)
     if hasattr(v, "dtype") and type(v).__name__ in ("bool_", "bool"):
         return bool(v)  # numpy.bool_ (named "bool" since numpy 2)
     if isinstance(v, (str, bytes, bytearray)):
@@ -132,7 +133,7 @@ def _as_data(data):
 
 
 def _as_timestamp(ts):
-    """datetime kept unchanged, tz-aware included (SPEC 7); a date means
+    """datetime kept unchanged, tz-aware included (docs/compatibility.md); a date means
     midnight and a time means that time on 1970-01-01 (as pybind11)."""
     if isinstance(ts, datetime.datetime):
         return ts
@@ -200,7 +201,7 @@ def _as_max_samples(m):
     return max(n, 1)  # <= 0 behaves like 1, as in torch
 
 
-# --- Event (SPEC 4) -------------------------------------------------------
+# --- Event (docs/api.md) -------------------------------------------------
 
 
 class Event:
@@ -239,11 +240,11 @@ class Event:
     def __repr__(self):
         return f"Event(name={self._name!r}, timestamp={self._timestamp!r}, data={self._data!r})"
 
-    def __reduce__(self):  # SPEC 7: Events pickle
+    def __reduce__(self):  # docs/compatibility.md: Events pickle
         return (Event, (self._name, self._timestamp, self._data))
 
 
-# --- Handlers and dispatch (SPEC 5) ---------------------------------------
+# --- Handlers and dispatch (docs/api.md) --------------------------------
 
 
 class EventHandlerHandle:
@@ -327,7 +328,7 @@ def log_event(event):
     _dispatch(lambda: event)  # every handler gets the very object passed
 
 
-# --- Stat (SPEC 3) --------------------------------------------------------
+# --- Stat (docs/api.md, docs/internals.md) -------------------------------
 
 
 class _Window:
@@ -363,7 +364,7 @@ class _Window:
         }[agg]
 
 
-_live_stats = weakref.WeakSet()  # flushed at interpreter exit (SPEC 7)
+_live_stats = weakref.WeakSet()  # flushed at interpreter exit (docs/compatibility.md)
 
 
 class Stat:
@@ -442,7 +443,7 @@ class Stat:
         )
 
     def _step(self, w, pending):
-        """Steps 1 and 4 of SPEC 3 "Windows"."""
+        """Steps 1 and 4 of docs/internals.md's window algorithm."""
         full = self._acc.count >= self._max_samples
         if (self._cur_id != w or full) and self._closed_id != w:
             self._close_window(pending)
@@ -481,7 +482,7 @@ class Stat:
 
 @atexit.register
 def _flush_live_stats():
-    """SPEC 7: a Stat alive at exit still emits its open window."""
+    """docs/compatibility.md: a Stat alive at exit still emits its open window."""
     for stat in list(_live_stats):
         try:
             stat.close()
@@ -489,7 +490,7 @@ def _flush_live_stats():
             _report_unraisable(exc, "Exception ignored while flushing a Stat at exit", stat)
 
 
-# --- TensorboardEventHandler and _WaitCounter (SPEC 1, 6) -----------------
+# --- TensorboardEventHandler and _WaitCounter (docs/api.md) --------------
 
 
 class TensorboardEventHandler:

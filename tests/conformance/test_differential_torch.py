@@ -2,7 +2,7 @@
 
 torch's clock cannot be driven, so every window is huge and windows close
 only by ``max_samples`` and destruction. Inputs that crash or hang torch
-(SPEC §7: sub-millisecond windows, double unregister, reentrant handlers,
+(docs/compatibility.md: sub-millisecond windows, double unregister, reentrant handlers,
 raising handlers) are never generated. Only the documented differences are
 normalised: torch ignores ``Aggregation.VALUE`` (so its results are compared
 without VALUE), and turns bools in Event data into floats.

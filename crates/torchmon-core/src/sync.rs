@@ -1,6 +1,6 @@
 //! The atomics, lock and spin wait that `stat` is built on, swapped for
 //! loom's model-checked ones when its loom models run
-//! (`RUSTFLAGS="--cfg loom" cargo test --lib loom_`).
+//! (`RUSTFLAGS="--cfg loom" cargo test -p torchmon-core --lib loom_`).
 //!
 //! loom is a dev-dependency, so only the crate's own test build can use it:
 //! hence `all(loom, test)`. Every other build gets the std atomics and

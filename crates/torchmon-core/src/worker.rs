@@ -425,10 +425,6 @@ impl<T: Send + 'static> Worker<T> {
         self.thread_id == Some(std::thread::current().id())
     }
 
-    pub fn capacity(&self) -> usize {
-        self.state.capacity
-    }
-
     /// Items accepted and not yet handled (a producer in the middle of
     /// offering one counts for a moment).
     pub fn pending(&self) -> usize {

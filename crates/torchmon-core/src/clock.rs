@@ -101,12 +101,6 @@ pub fn set_override_ms(ms: Option<i64>) -> Option<i64> {
     (previous != REAL_CLOCK).then_some(previous)
 }
 
-/// The current override, if any.
-pub fn override_ms() -> Option<i64> {
-    let current = OVERRIDE_MS.load(Ordering::Relaxed);
-    (current != REAL_CLOCK).then_some(current)
-}
-
 /// Smallest value an override may take: the sentinel is reserved.
 pub const MIN_OVERRIDE_MS: i64 = 0;
 

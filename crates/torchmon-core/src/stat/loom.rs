@@ -2,14 +2,14 @@
 //! preemption bound) and every weak-memory outcome loom allows is run, and
 //! each must be one that some sequential order of the same calls gives.
 //!
-//! Run with `RUSTFLAGS="--cfg loom" cargo test --release --lib loom_`
+//! Run with `RUSTFLAGS="--cfg loom" cargo test --release -p torchmon-core --lib loom_`
 //! (see .ci/run).
 //!
 //! Each sample is a distinct power of two, so a window's exact sum names
 //! the samples in it: a sample lost, counted twice or in two windows, or a
 //! window read half-written (count and sum disagree) changes what is seen.
 //! What is compared with the sequential reference (`Reference`, written from
-//! SPEC §3 and not from `Stat`): the set of emitted windows, what each
+//! docs/internals.md's window algorithm and not from `Stat`): the set of emitted windows, what each
 //! `last_closed` (the binding's `get`) and `flush` call returned, and the
 //! final state. Which add returns a window is not compared: a lock-free add
 //! that fills a window may find it already closed by a racing add, which
@@ -52,7 +52,7 @@ struct Outcome {
     final_prev: Seen,
 }
 
-/// SPEC §3 "Windows", one call at a time. A window id never goes back
+/// docs/internals.md's window algorithm, one call at a time. A window id never goes back
 /// (the clock of a call that lost a race with a close counts in the window
 /// that is open), as `Stat` documents.
 struct Reference {

@@ -1,4 +1,4 @@
-//! Native threads hammering one `Stat` (the loom models in src/stat_loom.rs
+//! Native threads hammering one `Stat` (the loom models in src/stat/loom.rs
 //! prove small cases exhaustively; this runs many windows at full speed).
 //! Every test does a fixed amount of work: a few hundred thousand adds.
 
@@ -8,8 +8,8 @@ use std::sync::{Arc, Barrier};
 use std::thread;
 use std::time::Duration;
 
-use _core::aggregation::Aggregation::{Count, Max, Min, Sum, Value};
-use _core::stat::{Stat, WindowStats};
+use torchmon_core::aggregation::Aggregation::{Count, Max, Min, Sum, Value};
+use torchmon_core::stat::{Stat, WindowStats};
 
 const THREADS: u64 = 4;
 

@@ -4,14 +4,14 @@
 //! Run: `cargo bench --bench stat_add` (the README's development section says
 //! how the numbers are reported in docs/performance.md).
 
-use _core::aggregation::Aggregation;
-use _core::clock;
-use _core::stat::Stat;
 use criterion::{BatchSize, Criterion, criterion_group, criterion_main};
 use parking_lot::Mutex;
 use std::hint::black_box;
 use std::sync::{Arc, Barrier};
 use std::time::{Duration, Instant};
+use torchmon_core::aggregation::Aggregation;
+use torchmon_core::clock;
+use torchmon_core::stat::Stat;
 
 const ALL: [Aggregation; 5] = [
     Aggregation::Mean,

@@ -1,0 +1,282 @@
+//! The accumulators of one window buffer (`Phase`): how a sample is folded
+//! into the sum, min, max and last value, lock-free or serialised, one at a
+//! time or a batch. Which buffer is written, and when a window closes, is
+//! decided in `stat` (the window switch).
+
+use super::WindowStats;
+use crate::aggregation::Aggregation;
+use crate::sync::{AtomicU64, Ordering};
+
+/// Placeholder for "no sample yet" in the min/max cells.
+pub(super) const EMPTY_BITS: u64 = 0x7ff8_dead_beef_0001;
+const CANONICAL_NAN_BITS: u64 = 0x7ff8_0000_0000_0000;
+
+/// A sample's bits, never equal to `EMPTY_BITS` (that one NaN payload
+/// becomes the canonical NaN; it is still a NaN).
+#[inline]
+fn sample_bits(v: f64) -> u64 {
+    let bits = v.to_bits();
+    if bits == EMPTY_BITS {
+        CANONICAL_NAN_BITS
+    } else {
+        bits
+    }
+}
+
+/// Which accumulators the configured aggregations read; the others are skipped.
+#[derive(Clone, Copy, Debug, Default)]
+pub(super) struct Needs {
+    sum: bool,
+    min: bool,
+    max: bool,
+    last: bool,
+}
+
+impl Needs {
+    pub(super) fn of(aggregations: &[Aggregation]) -> Self {
+        let mut needs = Needs::default();
+        for a in aggregations {
+            match a {
+                Aggregation::Value => needs.last = true,
+                Aggregation::Mean | Aggregation::Sum => needs.sum = true,
+                Aggregation::Max => needs.max = true,
+                Aggregation::Min => needs.min = true,
+                Aggregation::Count => {}
+            }
+        }
+        needs
+    }
+}
+
+/// One buffer of accumulators (f64 values stored as bits).
+pub(super) struct Phase {
+    sum: AtomicU64,
+    min: AtomicU64,
+    max: AtomicU64,
+    last: AtomicU64,
+    /// Writers that claimed a slot in this buffer and are done with it.
+    pub(super) finished: AtomicU64,
+}
+
+impl Phase {
+    pub(super) fn new() -> Self {
+        Phase {
+            sum: AtomicU64::new(0.0f64.to_bits()),
+            min: AtomicU64::new(EMPTY_BITS),
+            max: AtomicU64::new(EMPTY_BITS),
+            last: AtomicU64::new(0.0f64.to_bits()),
+            finished: AtomicU64::new(0),
+        }
+    }
+
+    #[inline]
+    pub(super) fn fold(&self, needs: Needs, v: f64) {
+        if needs.sum {
+            let mut current = self.sum.load(Ordering::Relaxed);
+            loop {
+                let next = (f64::from_bits(current) + v).to_bits();
+                match self.sum.compare_exchange_weak(
+                    current,
+                    next,
+                    Ordering::Relaxed,
+                    Ordering::Relaxed,
+                ) {
+                    Ok(_) => break,
+                    Err(seen) => current = seen,
+                }
+            }
+        }
+        let bits = sample_bits(v);
+        // Plain IEEE comparisons, as torch: a NaN first sample sticks, a later
+        // NaN is ignored, and -0.0 then 0.0 keeps -0.0.
+        if needs.max {
+            replace_while(&self.max, bits, |current| current < v);
+        }
+        if needs.min {
+            replace_while(&self.min, bits, |current| current > v);
+        }
+        if needs.last {
+            self.last.store(bits, Ordering::Relaxed);
+        }
+    }
+
+    /// `fold` without read-modify-write instructions, for serialised callers.
+    #[inline(always)]
+    pub(super) fn fold_serialized(&self, needs: Needs, v: f64) {
+        if needs.sum {
+            let sum = f64::from_bits(self.sum.load(Ordering::Relaxed)) + v;
+            self.sum.store(sum.to_bits(), Ordering::Relaxed);
+        }
+        let bits = sample_bits(v);
+        let store_if = |cell: &AtomicU64, should_replace: fn(f64, f64) -> bool| {
+            let current = cell.load(Ordering::Relaxed);
+            if current == EMPTY_BITS || should_replace(f64::from_bits(current), v) {
+                cell.store(bits, Ordering::Relaxed);
+            }
+        };
+        if needs.max {
+            store_if(&self.max, |current, v| current < v);
+        }
+        if needs.min {
+            store_if(&self.min, |current, v| current > v);
+        }
+        if needs.last {
+            self.last.store(bits, Ordering::Relaxed);
+        }
+    }
+
+    /// Folds `values` in order, as that many `fold`s would: one pass over
+    /// the values from the accumulators' current contents, then one publish
+    /// each. A publish that lost a race with a concurrent writer redoes that
+    /// accumulator's pass from the value it found.
+    pub(super) fn fold_many(&self, needs: Needs, len: usize, value_at: &impl Fn(usize) -> f64) {
+        let start = Folded {
+            sum: self.sum.load(Ordering::Relaxed),
+            min: self.min.load(Ordering::Relaxed),
+            max: self.max.load(Ordering::Relaxed),
+            last: EMPTY_BITS,
+        };
+        let folded = start.fold_by(needs, len, value_at);
+        if folded.last == EMPTY_BITS {
+            return; // no values
+        }
+        let redo = |cell: &AtomicU64, start: u64, done: u64, pick: fn(&Folded) -> u64| {
+            if cell
+                .compare_exchange(start, done, Ordering::Relaxed, Ordering::Relaxed)
+                .is_ok()
+            {
+                return;
+            }
+            let mut current = cell.load(Ordering::Relaxed);
+            loop {
+                let again = Folded {
+                    sum: current,
+                    min: current,
+                    max: current,
+                    last: EMPTY_BITS,
+                }
+                .fold_by(needs, len, value_at);
+                match cell.compare_exchange_weak(
+                    current,
+                    pick(&again),
+                    Ordering::Relaxed,
+                    Ordering::Relaxed,
+                ) {
+                    Ok(_) => return,
+                    Err(seen) => current = seen,
+                }
+            }
+        };
+        if needs.sum {
+            redo(&self.sum, start.sum, folded.sum, |f| f.sum);
+        }
+        if needs.min {
+            redo(&self.min, start.min, folded.min, |f| f.min);
+        }
+        if needs.max {
+            redo(&self.max, start.max, folded.max, |f| f.max);
+        }
+        if needs.last {
+            self.last.store(folded.last, Ordering::Relaxed);
+        }
+    }
+
+    /// Reads the buffer's window and empties it. Only the closer (holding the
+    /// Stat's lock) calls this, after every writer of the buffer finished.
+    pub(super) fn take(&self, count: u64) -> WindowStats {
+        let read_or_zero = |cell: &AtomicU64| {
+            let bits = cell.swap(EMPTY_BITS, Ordering::Relaxed);
+            if bits == EMPTY_BITS {
+                0.0
+            } else {
+                f64::from_bits(bits)
+            }
+        };
+        let window = WindowStats {
+            count,
+            sum: f64::from_bits(self.sum.swap(0.0f64.to_bits(), Ordering::Relaxed)),
+            min: read_or_zero(&self.min),
+            max: read_or_zero(&self.max),
+            last: f64::from_bits(self.last.swap(0.0f64.to_bits(), Ordering::Relaxed)),
+        };
+        self.finished.store(0, Ordering::Relaxed);
+        if count == 0 {
+            WindowStats::EMPTY
+        } else {
+            window
+        }
+    }
+}
+
+/// Accumulators (as stored bits) while `fold_many` runs over a batch.
+#[derive(Clone, Copy)]
+struct Folded {
+    sum: u64,
+    min: u64,
+    max: u64,
+    /// The last sample folded (unused as an input).
+    last: u64,
+}
+
+impl Folded {
+    /// Folds `values` in order by `Phase::fold`'s rules: the first sample
+    /// sets an empty min/max, and plain IEEE comparisons after that (a NaN
+    /// min/max sticks, a later NaN never replaces). Written without branches
+    /// so that only the sum's dependency chain bounds it; `WITH_SUM` false
+    /// skips that chain when no aggregation reads the sum.
+    #[inline(always)]
+    fn fold<const WITH_SUM: bool>(self, len: usize, value_at: &impl Fn(usize) -> f64) -> Folded {
+        if len == 0 {
+            return self;
+        }
+        let first = value_at(0);
+        let mut sum = f64::from_bits(self.sum);
+        if WITH_SUM {
+            sum += first;
+        }
+        let start = |bits: u64, replace: bool| {
+            if bits == EMPTY_BITS || replace {
+                first
+            } else {
+                f64::from_bits(bits)
+            }
+        };
+        let mut min = start(self.min, f64::from_bits(self.min) > first);
+        let mut max = start(self.max, f64::from_bits(self.max) < first);
+        for index in 1..len {
+            let v = value_at(index);
+            if WITH_SUM {
+                sum += v;
+            }
+            min = if min > v { v } else { min };
+            max = if max < v { v } else { max };
+        }
+        Folded {
+            sum: sum.to_bits(),
+            min: sample_bits(min),
+            max: sample_bits(max),
+            last: sample_bits(value_at(len - 1)),
+        }
+    }
+
+    fn fold_by(self, needs: Needs, len: usize, value_at: &impl Fn(usize) -> f64) -> Folded {
+        if needs.sum {
+            self.fold::<true>(len, value_at)
+        } else {
+            self.fold::<false>(len, value_at)
+        }
+    }
+}
+
+/// Stores `bits` into `cell` while the cell is empty or `should_replace` holds
+/// for its current value.
+#[inline]
+fn replace_while(cell: &AtomicU64, bits: u64, should_replace: impl Fn(f64) -> bool) {
+    let mut current = cell.load(Ordering::Relaxed);
+    while current == EMPTY_BITS || should_replace(f64::from_bits(current)) {
+        match cell.compare_exchange_weak(current, bits, Ordering::Relaxed, Ordering::Relaxed) {
+            Ok(_) => return,
+            Err(seen) => current = seen,
+        }
+    }
+}
