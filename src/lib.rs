@@ -37,7 +37,8 @@ mod _core {
     use crate::py_aggregation::PyAggregation;
     #[pymodule_export]
     use crate::py_async::{
-        _close_async_handlers_at_exit, _restart_async_handlers_after_fork, AsyncEventHandler,
+        _close_async_handlers_at_exit, _drain_async_handlers, _restart_async_handlers_after_fork,
+        AsyncEventHandler,
     };
     #[pymodule_export]
     use crate::py_clock::{_clock_ms, _clock_override_ms, _set_clock_ms};
@@ -49,7 +50,7 @@ mod _core {
         register_event_handler, unregister_event_handler,
     };
     #[pymodule_export]
-    use crate::py_stat::{_flush_all_stats, _live_stat_count, Stat};
+    use crate::py_stat::{_flush_all_stats, _flush_stats_now, _live_stat_count, Stat};
 
     use super::*;
 

@@ -23,6 +23,7 @@ from ._core import (
     register_event_handler,
     unregister_event_handler,
 )
+from ._flush import flush
 from ._wait_counter import WaitCounter, _WaitCounter, _WaitCounterTracker
 from .handlers.jsonl import JsonlEventHandler, read_jsonl
 from .handlers.otel import OpenTelemetryEventHandler
@@ -60,6 +61,7 @@ __all__ = [
     "_WaitCounter",
     "_WaitCounterTracker",
     "data_value_t",
+    "flush",
     "log_event",
     "read_jsonl",
     "register_event_handler",

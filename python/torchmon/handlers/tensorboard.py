@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any, Protocol
 
 from .._core import STAT_EVENT, Event
+from .._flush import _register_flushable
 from .._forksafe import new_lock
 
 
@@ -38,7 +39,7 @@ class TensorboardEventHandler:
         as ``torchmon to-tensorboard`` numbers them.
     """
 
-    __slots__ = ("_lock", "_ordinals", "_other_events", "_step_field", "_writer")
+    __slots__ = ("__weakref__", "_lock", "_ordinals", "_other_events", "_step_field", "_writer")
 
     def __init__(
         self,
@@ -72,6 +73,14 @@ class TensorboardEventHandler:
         self._step_field = step_field
         self._ordinals: dict[str, int] = {}
         self._lock = new_lock()
+        _register_flushable(self)
+
+    def flush(self) -> None:
+        """Flushes the writer (if it has ``flush``); ``torchmon.flush()`` calls
+        it after the Stats' windows reached this handler."""
+        flush = getattr(self._writer, "flush", None)
+        if callable(flush):
+            flush()
 
     def __call__(self, event: Event) -> None:
         name = event.name
