@@ -23,7 +23,7 @@ from ._core import (
     register_event_handler,
     unregister_event_handler,
 )
-from ._flush import flush
+from ._flush import SignalFlush, flush, flush_on_signals
 from ._wait_counter import WaitCounter, _WaitCounter, _WaitCounterTracker
 from .handlers.jsonl import JsonlEventHandler, read_jsonl
 from .handlers.otel import OpenTelemetryEventHandler
@@ -55,6 +55,7 @@ __all__ = [
     "JsonlEventHandler",
     "OpenTelemetryEventHandler",
     "PrometheusEventHandler",
+    "SignalFlush",
     "Stat",
     "TensorboardEventHandler",
     "WaitCounter",
@@ -62,6 +63,7 @@ __all__ = [
     "_WaitCounterTracker",
     "data_value_t",
     "flush",
+    "flush_on_signals",
     "log_event",
     "read_jsonl",
     "register_event_handler",

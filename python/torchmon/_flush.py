@@ -1,4 +1,5 @@
-"""``torchmon.flush()`` (docs/api.md, docs/reliability.md).
+"""``torchmon.flush()`` and ``torchmon.flush_on_signals()`` (docs/api.md,
+docs/reliability.md).
 
 A flush emits the open window of every live Stat (WaitCounters' included) to
 the handlers registered now, waits until every AsyncEventHandler handled what
@@ -8,15 +9,18 @@ The Stats go on with a new window.
 
 from __future__ import annotations
 
+import signal
 import sys
 import threading
 import types
 import weakref
-from typing import Any, Protocol
+from collections.abc import Iterable
+from types import FrameType
+from typing import Any, Callable, Protocol, Union
 
 from . import _core
 
-__all__ = ["flush"]
+__all__ = ["SignalFlush", "flush", "flush_on_signals"]
 
 
 class _Flushable(Protocol):
@@ -162,3 +166,170 @@ def _report_unraisable(exc: BaseException, obj: object, message: str) -> None:
             )
     except BaseException:
         pass
+
+
+# --- flush_on_signals -------------------------------------------------------
+
+_Handler = Union[Callable[[int, Union[FrameType, None]], Any], int, signal.Handlers, None]
+
+# How long a signal's flush may take before the signal goes on regardless.
+_SIGNAL_FLUSH_TIMEOUT = 10.0
+
+
+class _OnSignal:
+    """The handler ``flush_on_signals`` installs for one signal."""
+
+    __slots__ = ("busy", "previous", "signum", "timeout")
+
+    def __init__(self, signum: int, previous: _Handler, timeout: float) -> None:
+        self.signum = signum
+        self.previous = previous
+        self.timeout = timeout
+        self.busy = False
+
+    def __call__(self, signum: int, frame: FrameType | None) -> Any:
+        interrupt: BaseException | None = None
+        if not self.busy:  # a second signal during the flush goes on at once
+            self.busy = True
+            try:
+                flush(timeout=self.timeout)
+            except (KeyboardInterrupt, SystemExit) as exc:
+                interrupt = exc  # raised after the signal went on, if we survive it
+            except BaseException as exc:
+                _report_unraisable(exc, self, "Exception ignored in torchmon's signal flush")
+            finally:
+                self.busy = False
+        result = self._go_on(signum, frame)
+        if interrupt is not None:
+            raise interrupt
+        return result
+
+    def _go_on(self, signum: int, frame: FrameType | None) -> Any:
+        previous = self.previous
+        if callable(previous):
+            return previous(signum, frame)
+        # SIG_DFL: die of the signal as if no handler had been installed, so
+        # that the parent sees -signum (128 + signum in a shell).
+        signal.signal(signum, signal.SIG_DFL)
+        try:
+            signal.raise_signal(signum)
+        finally:
+            # Still alive (a signal whose default is to ignore or to stop):
+            # keep flushing on the next one.
+            if signal.getsignal(signum) == signal.SIG_DFL:
+                signal.signal(signum, self)
+        return None
+
+    def __repr__(self) -> str:
+        return f"<torchmon flush on {signal.Signals(self.signum).name}>"
+
+
+class SignalFlush:
+    """Returned by :func:`flush_on_signals`: the signals it handles, and
+    :meth:`restore` to put back the handlers that were there before."""
+
+    __slots__ = ("_handlers", "signals")
+
+    def __init__(self, handlers: dict[int, _OnSignal]) -> None:
+        self._handlers = handlers
+        self.signals: tuple[signal.Signals, ...] = tuple(signal.Signals(s) for s in handlers)
+
+    def restore(self) -> None:
+        """Reinstalls each signal's previous handler where torchmon's is still
+        installed (a handler installed since is left alone). Main thread only."""
+        _check_main_thread("SignalFlush.restore")
+        for signum, handler in self._handlers.items():
+            if signal.getsignal(signum) is handler:
+                signal.signal(signum, handler.previous)
+
+    def __enter__(self) -> SignalFlush:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.restore()
+
+    def __repr__(self) -> str:
+        names = ", ".join(s.name for s in self.signals)
+        return f"<torchmon.SignalFlush ({names})>"
+
+
+def _check_main_thread(where: str) -> None:
+    if threading.current_thread() is not threading.main_thread():
+        raise ValueError(
+            f"torchmon.{where}() must be called from the main thread: Python runs "
+            "signal handlers only there, and only the main thread may install them"
+        )
+
+
+def _signals_arg(signals: object) -> list[int]:
+    if isinstance(signals, int):
+        signals = (signals,)
+    try:
+        items = list(signals)  # type: ignore[call-overload]
+    except TypeError:
+        raise TypeError(
+            "flush_on_signals(signals): signals must be an iterable of signal numbers, "
+            f"not {type(signals).__name__}"
+        ) from None
+    result: list[int] = []
+    uncatchable = {getattr(signal, n) for n in ("SIGKILL", "SIGSTOP") if hasattr(signal, n)}
+    valid = signal.valid_signals()
+    for item in items:
+        if isinstance(item, bool) or not isinstance(item, int):
+            raise TypeError(
+                "flush_on_signals(signals): every signal must be an int or a signal.Signals, "
+                f"not {type(item).__name__}"
+            )
+        if item not in valid:
+            raise ValueError(f"flush_on_signals(signals): {item} is not a valid signal number")
+        if item in uncatchable:
+            raise ValueError(
+                f"flush_on_signals(signals): {signal.Signals(item).name} cannot be caught"
+            )
+        if int(item) not in result:
+            result.append(int(item))
+    return result
+
+
+def flush_on_signals(
+    signals: Iterable[int] = (signal.SIGTERM, signal.SIGHUP),
+    *,
+    timeout: float = _SIGNAL_FLUSH_TIMEOUT,
+) -> SignalFlush:
+    """Flushes (:func:`flush`) when one of ``signals`` arrives, then lets the
+    signal do what it would have done: the previous Python handler is called
+    if there was one; otherwise the default disposition is restored and the
+    signal raised again, so the process still ends killed by it (exit status
+    -15 for SIGTERM as seen by the parent, 143 in a shell).
+
+    Opt-in: call it once, from the main thread, early in the program. A
+    signal that was ignored (``SIG_IGN``, as under ``nohup``) stays ignored
+    and is not flushed on. Calling it again keeps the handlers already
+    installed (it never chains to itself). ``timeout`` bounds the flush (10 s
+    by default); the signal goes on after it either way. Returns a
+    :class:`SignalFlush` whose ``restore()`` puts the previous handlers back.
+    """
+    _check_main_thread("flush_on_signals")
+    seconds = _timeout_arg(timeout, "flush_on_signals")
+    assert seconds is not None or timeout is None
+    if seconds is None:
+        raise TypeError("flush_on_signals(timeout): timeout must be a number of seconds")
+    wanted = _signals_arg(signals)
+    previous = {signum: signal.getsignal(signum) for signum in wanted}
+    for signum, handler in previous.items():
+        if handler is None:
+            raise ValueError(
+                f"flush_on_signals(signals): {signal.Signals(signum).name} has a handler "
+                "that was not installed from Python; torchmon cannot call it after the flush"
+            )
+    installed: dict[int, _OnSignal] = {}
+    for signum, handler in previous.items():
+        if isinstance(handler, _OnSignal):
+            installed[signum] = handler  # already ours: no second layer
+            continue
+        if handler == signal.SIG_IGN:
+            continue
+        ours = _OnSignal(signum, handler, seconds)
+        signal.signal(signum, ours)
+        installed[signum] = ours
+    return SignalFlush(installed)
