@@ -10,7 +10,7 @@ import atexit
 import os
 import threading
 
-from . import _core
+from . import _core, _flush
 from ._core import (
     STAT_EVENT,
     Aggregation,
@@ -107,3 +107,6 @@ def _install_exit_flush() -> None:
 # frames are on their stack (see src/exit_gate.rs, docs/reliability.md).
 atexit.register(_core._close_exit_gate)
 _install_exit_flush()
+# multiprocessing's fork and forkserver children end with os._exit(), without
+# atexit: they flush from multiprocessing's own exit step (torchmon/_flush.py).
+_flush._install()
