@@ -33,11 +33,18 @@ torch calls its handlers with an internal lock held, so torchmon handlers
 reached through the bridge must not call ``torch.monitor`` themselves
 (torch deadlocks). Closing the bridge from inside such a handler is safe: it
 stops the forwarding at once and unregisters from torch at the next
-``forward_from_torch()`` or ``close()`` made outside of torch's dispatch.
+``forward_from_torch()`` or ``close()`` made outside of torch's dispatch, or
+at interpreter exit.
+
+At exit every forwarder still in torch's registry (a bridge left open, or
+closed from inside a handler) is unregistered by an ``atexit`` step: torch
+destroys its registry after the interpreter finalized, and dropping a Python
+handler then crashes the process (docs/reliability.md).
 """
 
 from __future__ import annotations
 
+import atexit
 import importlib
 import sys
 import threading
@@ -54,6 +61,8 @@ __all__ = ["TorchBridge", "forward_from_torch"]
 _state = threading.local()  # .depth: how many forwarding calls this thread is inside
 _pending_lock = new_lock()
 _pending_unregister: list[Any] = []  # torch handles to unregister outside of dispatch
+_open_bridges: dict[int, TorchBridge] = {}  # id -> bridge, until closed (under _pending_lock)
+_exit_step_registered = False
 
 
 def _torch_monitor() -> Any:
@@ -150,6 +159,8 @@ class TorchBridge:
         with self._lock:
             handle, self._handle = self._handle, None
         self._forwarder.active = False
+        with _pending_lock:
+            _open_bridges.pop(id(self), None)
         if _inside_dispatch():
             # torch holds its handler lock: unregistering now would deadlock.
             if handle is not None:
@@ -192,6 +203,41 @@ def forward_from_torch() -> TorchBridge:
             "torch.monitor event: torch holds its handler lock (it would deadlock)"
         )
     _drain_pending(monitor)
+    _register_exit_step()
     forwarder = _Forwarder()
     handle = monitor.register_event_handler(forwarder)
-    return TorchBridge(monitor, forwarder, handle)
+    bridge = TorchBridge(monitor, forwarder, handle)
+    with _pending_lock:
+        _open_bridges[id(bridge)] = bridge
+    return bridge
+
+
+def _register_exit_step() -> None:
+    global _exit_step_registered
+    with _pending_lock:
+        if _exit_step_registered:
+            return
+        _exit_step_registered = True
+    atexit.register(_unregister_all_at_exit)
+
+
+def _unregister_all_at_exit() -> None:
+    """Takes every forwarder out of torch's registry before the interpreter
+    finalizes: torch destroys its handler registry (a C++ static) after that,
+    and releasing a Python handler then re-takes the GIL of a finalized
+    interpreter (exit status 139). Covers bridges left open and those closed
+    from inside a forwarded handler (whose unregistration was deferred).
+    Never raises."""
+    with _pending_lock:
+        bridges = list(_open_bridges.values())
+    for bridge in bridges:
+        try:
+            bridge.close()
+        except BaseException as exc:
+            _report_unraisable(exc, bridge)
+    monitor = sys.modules.get("torch.monitor")
+    if monitor is not None and not _inside_dispatch():
+        try:
+            _drain_pending(monitor)
+        except BaseException as exc:
+            _report_unraisable(exc, _unregister_all_at_exit)
