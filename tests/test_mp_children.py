@@ -163,3 +163,52 @@ def test_torch_dataloader_fork_workers_flush_their_windows(tmp_path: Path) -> No
         counts = sum(d["worker.items.count"] for d in got)
         sums = sum(d["worker.items.sum"] for d in got)
         assert (counts, sums) == (n, total), got
+
+
+@pytest.mark.skipif(
+    importlib.util.find_spec("torch") is None
+    or importlib.util.find_spec("tensorboard") is None
+    or "fork" not in METHODS,
+    reason="needs torch, tensorboard and the fork start method",
+)
+def test_a_tensorboard_writer_inherited_through_fork_is_not_flushed_in_the_child(
+    tmp_path: Path,
+) -> None:
+    """The child has the parent's writer object but not its writer thread:
+    flushing it there (torch.utils.tensorboard's flush waits for that thread)
+    would wait for ever. torchmon flushes a sink only in the process that made
+    it."""
+    code = textwrap.dedent(
+        f"""
+        import datetime as dt, multiprocessing as mp, os
+        from torch.utils.tensorboard import SummaryWriter
+        import torchmon as m
+
+        writer = SummaryWriter({str(tmp_path / "tb")!r})
+        tb = m.TensorboardEventHandler(writer)
+        h = m.register_event_handler(tb)
+        writer.add_scalar("parent", 1.0)  # starts the writer's thread, in the parent
+        writer.flush()
+        KEEP = []
+
+        def child(path):
+            # The inherited handler stays registered: the child's window is
+            # queued for a writer thread that does not exist here.
+            m.register_event_handler(m.JsonlEventHandler(path))
+            KEEP.append(m.Stat("child.items", [m.COUNT], dt.timedelta(seconds=60)))
+            KEEP[-1].add(1.0)
+
+        if __name__ == "__main__":
+            p = mp.get_context("fork").Process(
+                target=child, args=({str(tmp_path / "child.jsonl")!r},))
+            p.start()
+            p.join(20)
+            print("exitcode", p.exitcode)
+            if p.exitcode is None:
+                p.kill()
+        """
+    )
+    proc = run_python(code, TIMEOUT)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split() == ["exitcode", "0"], proc.stdout + proc.stderr
+    assert windows(tmp_path / "child.jsonl") == [{"child.items.count": 1.0}]

@@ -34,12 +34,14 @@ class _Flushable(Protocol):
 
 
 # Sinks that buffer what they were handed (TensorboardEventHandler): their
-# ``flush()`` runs last, after the Stats' windows reached them.
-_flushables: weakref.WeakSet[Any] = weakref.WeakSet()
+# ``flush()`` runs last, after the Stats' windows reached them. Each is
+# flushed only in the process that made it: a forked child inherits the
+# object but not its writer thread (tensorboardX's flush would wait for ever).
+_flushables: weakref.WeakKeyDictionary[Any, int] = weakref.WeakKeyDictionary()
 
 
 def _register_flushable(sink: _Flushable) -> None:
-    _flushables.add(sink)
+    _flushables[sink] = os.getpid()
 
 
 def _timeout_arg(timeout: object, where: str) -> float | None:
@@ -67,7 +69,10 @@ def _flush_here(timeout: float | None) -> bool:
         error = exc
     remaining = None if deadline is None else max(0.0, deadline - _monotonic())
     drained = _core._drain_async_handlers(remaining)
-    for sink in list(_flushables):
+    pid = os.getpid()
+    for sink, owner in list(_flushables.items()):
+        if owner != pid:
+            continue
         try:
             sink.flush()
         except BaseException as exc:
