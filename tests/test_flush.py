@@ -201,3 +201,32 @@ def test_flush_with_a_timeout_returns_when_a_handler_waits_for_a_lock_the_caller
     assert proc.returncode == 0, proc.stderr
     assert "result False" in proc.stdout
     assert "seen [{'x.count': 1.0}]" in proc.stdout
+
+
+def test_a_tensorboardx_writer_has_the_window_on_disk_when_flush_returns(tmp_path: Any) -> None:
+    """tensorboardX's own flush() does not wait for its writer thread's queue;
+    torchmon.flush() does, so a SIGKILL right after it loses nothing."""
+    pytest.importorskip("tensorboardX")
+    accumulator = pytest.importorskip("tensorboard.backend.event_processing.event_accumulator")
+    logdir = tmp_path / "tb"
+    proc = run_python(
+        f"""
+        import datetime as dt, os, signal
+        from tensorboardX import SummaryWriter
+        import torchmon as m
+        writer = SummaryWriter({str(logdir)!r})
+        m.register_event_handler(m.TensorboardEventHandler(writer))
+        stat = m.Stat("tb.window", [m.COUNT, m.SUM], dt.timedelta(seconds=60))
+        writer.add_scalar("warm", 1.0)
+        for v in range(5):
+            stat.add(float(v))
+        m.flush()
+        os.kill(os.getpid(), signal.SIGKILL)
+        """,
+        timeout=60,
+    )
+    assert proc.returncode == -9, proc.stderr
+    events = accumulator.EventAccumulator(str(logdir))
+    events.Reload()
+    assert [s.value for s in events.Scalars("tb.window.count")] == [5.0]
+    assert [s.value for s in events.Scalars("tb.window.sum")] == [10.0]

@@ -7,6 +7,10 @@ from typing import Any, Protocol
 from .._core import STAT_EVENT, Event
 from .._flush import _register_flushable
 from .._forksafe import new_lock
+from . import _tbx_drain
+
+# How long flush() waits for a tensorboardX writer thread to reach its marker.
+_DRAIN_TIMEOUT = 10.0
 
 
 class _ScalarWriter(Protocol):
@@ -76,8 +80,11 @@ class TensorboardEventHandler:
         _register_flushable(self)
 
     def flush(self) -> None:
-        """Flushes the writer (if it has ``flush``); ``torchmon.flush()`` calls
-        it after the Stats' windows reached this handler."""
+        """Writes out what this handler handed to the writer: waits for a
+        tensorboardX writer's queue (its own ``flush()`` does not), then calls
+        the writer's ``flush()`` if it has one. ``torchmon.flush()`` calls it
+        after the Stats' windows reached this handler."""
+        _tbx_drain.wait_for_queues(self._writer, _DRAIN_TIMEOUT)
         flush = getattr(self._writer, "flush", None)
         if callable(flush):
             flush()
