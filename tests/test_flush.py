@@ -230,3 +230,28 @@ def test_a_tensorboardx_writer_has_the_window_on_disk_when_flush_returns(tmp_pat
     events.Reload()
     assert [s.value for s in events.Scalars("tb.window.count")] == [5.0]
     assert [s.value for s in events.Scalars("tb.window.sum")] == [10.0]
+
+
+def test_an_unhashable_tensorboard_handler_subclass_is_flushed_too() -> None:
+    class Writer:
+        flushed = 0
+
+        def add_scalar(self, tag: str, value: float, **kwargs: Any) -> None:
+            pass
+
+        def flush(self) -> None:
+            Writer.flushed += 1
+
+    class Unhashable(torchmon.TensorboardEventHandler):
+        __slots__ = ()
+
+        def __eq__(self, other: object) -> bool:
+            return self is other
+
+    assert Unhashable.__hash__ is None
+    handler = Unhashable(Writer())
+    torchmon.flush()
+    assert Writer.flushed == 1
+    del handler
+    torchmon.flush()
+    assert Writer.flushed == 1

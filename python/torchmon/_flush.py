@@ -37,11 +37,18 @@ class _Flushable(Protocol):
 # ``flush()`` runs last, after the Stats' windows reached them. Each is
 # flushed only in the process that made it: a forked child inherits the
 # object but not its writer thread (tensorboardX's flush would wait for ever).
-_flushables: weakref.WeakKeyDictionary[Any, int] = weakref.WeakKeyDictionary()
+# Keyed by id(): a sink subclass may be unhashable (``__eq__`` without
+# ``__hash__``).
+_flushables: dict[int, tuple[weakref.ref[Any], int]] = {}
 
 
 def _register_flushable(sink: _Flushable) -> None:
-    _flushables[sink] = os.getpid()
+    key = id(sink)
+
+    def forget(_ref: object) -> None:
+        _flushables.pop(key, None)
+
+    _flushables[key] = (weakref.ref(sink, forget), os.getpid())
 
 
 def _timeout_arg(timeout: object, where: str) -> float | None:
@@ -70,8 +77,9 @@ def _flush_here(timeout: float | None) -> bool:
     remaining = None if deadline is None else max(0.0, deadline - _monotonic())
     drained = _core._drain_async_handlers(remaining)
     pid = os.getpid()
-    for sink, owner in list(_flushables.items()):
-        if owner != pid:
+    for ref, owner in list(_flushables.values()):
+        sink = ref()
+        if sink is None or owner != pid:
             continue
         try:
             sink.flush()
