@@ -290,3 +290,36 @@ def test_a_forwarder_still_in_torchs_registry_at_exit_does_not_crash(
         result = run_python(code + "print('done')\n", timeout=120)
         assert result.returncode == 0, (result.returncode, result.stderr)
         assert result.stdout.strip() == "done"
+
+
+def test_the_exit_step_does_not_deadlock_with_a_thread_inside_torchs_dispatch() -> None:
+    """torch's unregister_event_handler waits for torch's handler lock with
+    the GIL held; a daemon thread inside torch's dispatch (in a slow torchmon
+    handler reached through the bridge) holds that lock and waits for the
+    GIL. The exit step waits until no thread is inside a forwarding call
+    before it unregisters (docs/wait_counter_and_bridge.md)."""
+    pytest.importorskip("torch.monitor")
+    for _ in range(3):
+        result = run_python(
+            """
+            import threading, time, datetime as dt
+            import torch.monitor as tm
+            import torchmon
+            from torchmon.bridge import forward_from_torch
+
+            bridge = forward_from_torch()
+            torchmon.register_event_handler(lambda event: time.sleep(0.05))
+            event = tm.Event("x", dt.datetime(2020, 1, 1), {})
+
+            def loop():
+                while True:
+                    tm.log_event(event)
+
+            threading.Thread(target=loop, daemon=True).start()
+            time.sleep(0.3)
+            print("done")
+            """,
+            timeout=60,
+        )
+        assert result.returncode == 0, (result.returncode, result.stderr)
+        assert result.stdout.strip() == "done"

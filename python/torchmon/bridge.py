@@ -48,6 +48,7 @@ import atexit
 import importlib
 import sys
 import threading
+import time
 import traceback
 import types
 from types import TracebackType
@@ -221,6 +222,46 @@ def _register_exit_step() -> None:
     atexit.register(_unregister_all_at_exit)
 
 
+# How long the exit step waits for other threads to leave a forwarding call.
+_EXIT_WAIT = 2.0
+
+
+def _no_other_thread_forwarding(timeout: float) -> bool:
+    """Waits until no other thread is inside a forwarding call; ``False`` if
+    one still was after ``timeout`` seconds.
+
+    torch calls its handlers with its handler lock held, and its
+    ``unregister_event_handler`` waits for that lock without releasing the
+    GIL: called while another thread is inside torch's dispatch, it would
+    deadlock. A thread holding torch's lock without the GIL is inside a
+    Python handler, that is, inside ``_Forwarder.__call__`` (its frame is
+    pushed before it can give up the GIL); while this thread then holds the
+    GIL without a break, no thread can enter torch's dispatch. So: look at
+    every thread's frames with the GIL held, and let the others run (sleep)
+    while one is inside.
+    """
+    deadline = time.monotonic() + timeout
+    while _another_thread_forwards():
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.001)
+    return True
+
+
+def _another_thread_forwards() -> bool:
+    me = threading.get_ident()
+    code = _Forwarder.__call__.__code__
+    for ident, frame in sys._current_frames().items():
+        if ident == me:
+            continue
+        current: Any = frame
+        while current is not None:
+            if current.f_code is code:
+                return True
+            current = current.f_back
+    return False
+
+
 def _unregister_all_at_exit() -> None:
     """Takes every forwarder out of torch's registry before the interpreter
     finalizes: torch destroys its handler registry (a C++ static) after that,
@@ -230,6 +271,12 @@ def _unregister_all_at_exit() -> None:
     Never raises."""
     with _pending_lock:
         bridges = list(_open_bridges.values())
+    for bridge in bridges:
+        bridge._forwarder.active = False  # from now on a forwarding call returns at once
+    if not _no_other_thread_forwarding(_EXIT_WAIT):
+        # Unregistering would wait for torch's lock, held by a thread that
+        # waits for the GIL we hold: leave torch's registry as it is.
+        return
     for bridge in bridges:
         try:
             bridge.close()
