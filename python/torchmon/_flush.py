@@ -140,12 +140,12 @@ def _flush_with_deadline(seconds: float) -> bool:
         except BaseException as exc:
             result, key = exc, "error"
         with lock:
-            if outcome.get("abandoned"):
-                if key == "error":
-                    _report_unraisable(result, flush, "Exception ignored in torchmon.flush()")
-                return
-            outcome[key] = result
-        done.set()
+            abandoned = outcome.get("abandoned", False)
+            if not abandoned:
+                outcome[key] = result
+                done.set()  # under the lock: the caller decides on one state
+        if abandoned and key == "error":
+            _report_unraisable(result, flush, "Exception ignored in torchmon.flush()")
 
     try:
         helper = threading.Thread(target=work, name="torchmon-flush", daemon=True)
@@ -153,9 +153,9 @@ def _flush_with_deadline(seconds: float) -> bool:
     except RuntimeError:
         # No thread can be started (interpreter shutdown): flush here.
         return _flush_here(seconds)
-    finished = done.wait(seconds)
+    done.wait(seconds)
     with lock:
-        if not finished and not done.is_set():
+        if not done.is_set():
             outcome["abandoned"] = True
             return False
     if "error" in outcome:
@@ -343,9 +343,9 @@ def flush_on_signals(
 
     _check_main_thread("flush_on_signals")
     if signals is None:
-        signals = (signal.SIGTERM, signal.SIGHUP)
+        # SIGHUP does not exist on Windows.
+        signals = tuple(getattr(signal, n) for n in ("SIGTERM", "SIGHUP") if hasattr(signal, n))
     seconds = _timeout_arg(timeout, "flush_on_signals")
-    assert seconds is not None or timeout is None
     if seconds is None:
         raise TypeError("flush_on_signals(timeout): timeout must be a number of seconds")
     wanted = _signals_arg(signals)
