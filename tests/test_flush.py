@@ -255,3 +255,28 @@ def test_an_unhashable_tensorboard_handler_subclass_is_flushed_too() -> None:
     del handler
     torchmon.flush()
     assert Writer.flushed == 1
+
+
+def test_a_failing_writer_flush_is_raised_after_every_other_sink_was_flushed() -> None:
+    flushed: list[str] = []
+
+    class Writer:
+        def __init__(self, name: str, fails: bool) -> None:
+            self.name, self.fails = name, fails
+
+        def add_scalar(self, tag: str, value: float, **kwargs: Any) -> None:
+            pass
+
+        def flush(self) -> None:
+            flushed.append(self.name)
+            if self.fails:
+                raise OSError(f"{self.name} cannot flush")
+
+    sinks = [
+        torchmon.TensorboardEventHandler(Writer("a", fails=True)),
+        torchmon.TensorboardEventHandler(Writer("b", fails=False)),
+    ]
+    with pytest.raises(OSError, match="a cannot flush"):
+        torchmon.flush()
+    assert flushed == ["a", "b"]
+    del sinks

@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import sys
 import threading
+import time
 import types
 import weakref
 from collections.abc import Iterable
@@ -65,17 +66,42 @@ def _timeout_arg(timeout: object, where: str) -> float | None:
     return seconds
 
 
+class _FirstError:
+    """``log_event``'s rule: the first exception is raised at the end, except
+    that a KeyboardInterrupt/SystemExit is not displaced by an ordinary one;
+    the others go to ``sys.unraisablehook``."""
+
+    def __init__(self) -> None:
+        self.error: BaseException | None = None
+
+    def add(self, exc: BaseException, obj: object) -> None:
+        displaced: BaseException | None = exc
+        error = self.error
+        if error is None or (isinstance(error, Exception) and not isinstance(exc, Exception)):
+            displaced, self.error = error, exc
+        if displaced is not None:
+            _report_unraisable(displaced, obj, "Exception ignored in torchmon.flush()")
+
+    def raise_it(self) -> None:
+        if self.error is not None:
+            raise self.error
+
+
 def _flush_here(timeout: float | None) -> bool:
     """The flush, on the calling thread. Every step runs even when a handler
     raises; the first error is raised at the end (``log_event``'s rule)."""
-    deadline = None if timeout is None else _monotonic() + timeout
-    error: BaseException | None = None
+    deadline = None if timeout is None else time.monotonic() + timeout
+    errors = _FirstError()
     try:
         _core._flush_stats_now()
     except BaseException as exc:
-        error = exc
-    remaining = None if deadline is None else max(0.0, deadline - _monotonic())
-    drained = _core._drain_async_handlers(remaining)
+        errors.add(exc, flush)
+    remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
+    drained = False
+    try:
+        drained = _core._drain_async_handlers(remaining)
+    except BaseException as exc:  # a Ctrl-C while waiting
+        errors.add(exc, flush)
     pid = os.getpid()
     for ref, owner in list(_flushables.values()):
         sink = ref()
@@ -84,23 +110,9 @@ def _flush_here(timeout: float | None) -> bool:
         try:
             sink.flush()
         except BaseException as exc:
-            displaced: BaseException | None = exc
-            if error is None or (isinstance(error, Exception) and not isinstance(exc, Exception)):
-                # A KeyboardInterrupt/SystemExit is not displaced by an ordinary error.
-                displaced, error = error, exc
-            if displaced is not None:
-                _report_unraisable(
-                    displaced, sink, "Exception ignored while flushing a torchmon sink"
-                )
-    if error is not None:
-        raise error
+            errors.add(exc, sink)
+    errors.raise_it()
     return bool(drained)
-
-
-def _monotonic() -> float:
-    import time
-
-    return time.monotonic()
 
 
 def flush(timeout: float | None = None) -> bool:
