@@ -29,14 +29,15 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     // lives in a static that every interpreter would then share.
     refuse_subinterpreters()?;
     use crate::py_async::{
-        _close_async_handlers_at_exit, _restart_async_handlers_after_fork, AsyncEventHandler,
+        _close_async_handlers_at_exit, _drain_async_handlers, _restart_async_handlers_after_fork,
+        AsyncEventHandler,
     };
     use crate::py_clock::{_clock_ms, _set_clock_ms, _window_ms_of_seconds};
     use crate::py_registry::{
         _close_exit_gate, _exit_gate_state, _handler_count, EventHandlerHandle,
         register_event_handler, unregister_event_handler,
     };
-    use crate::py_stat::{_flush_all_stats, _live_stat_count, Stat};
+    use crate::py_stat::{_flush_all_stats, _flush_stats_now, _live_stat_count, Stat};
     m.add_class::<crate::py_aggregation::PyAggregation>()?;
     m.add_class::<AsyncEventHandler>()?;
     m.add_class::<crate::py_event::DataValueT>()?;
@@ -45,6 +46,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<Stat>()?;
     m.add_function(wrap_pyfunction!(_close_async_handlers_at_exit, m)?)?;
     m.add_function(wrap_pyfunction!(_restart_async_handlers_after_fork, m)?)?;
+    m.add_function(wrap_pyfunction!(_drain_async_handlers, m)?)?;
     m.add_function(wrap_pyfunction!(_clock_ms, m)?)?;
     m.add_function(wrap_pyfunction!(_set_clock_ms, m)?)?;
     m.add_function(wrap_pyfunction!(_window_ms_of_seconds, m)?)?;
@@ -55,6 +57,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(unregister_event_handler, m)?)?;
     m.add_function(wrap_pyfunction!(_flush_all_stats, m)?)?;
     m.add_function(wrap_pyfunction!(_live_stat_count, m)?)?;
+    m.add_function(wrap_pyfunction!(_flush_stats_now, m)?)?;
     m.add("STAT_EVENT", crate::py_stat::STAT_EVENT)?;
     // The version is kept in one place, the workspace's Cargo.toml: maturin
     // gives it to the wheel, and `torchmon.__version__` reads it from here

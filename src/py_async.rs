@@ -481,6 +481,53 @@ pub fn _close_async_handlers_at_exit(py: Python<'_>) -> PyResult<()> {
     Ok(())
 }
 
+/// Waits until every live AsyncEventHandler handled what was queued before
+/// the call (`torchmon.flush()`'s second step, docs/api.md): markers go into
+/// every queue first, so the queues drain side by side. The handlers stay
+/// open. A handler whose worker is the calling thread (a wrapped handler
+/// calling `torchmon.flush()`) is not waited for: it would wait for itself.
+/// `False` when `timeout` seconds passed first.
+#[pyfunction]
+#[pyo3(signature = (timeout = None))]
+pub fn _drain_async_handlers(py: Python<'_>, timeout: Option<f64>) -> PyResult<bool> {
+    let deadline = match timeout {
+        None => None,
+        Some(seconds) if seconds.is_nan() || seconds < 0.0 => {
+            return Err(PyValueError::new_err(format!(
+                "flush(timeout): timeout must be >= 0 seconds, got {seconds}"
+            )));
+        }
+        Some(seconds) => Duration::try_from_secs_f64(seconds)
+            .ok()
+            .and_then(|t| Instant::now().checked_add(t)),
+    };
+    let workers: Vec<Py<WorkerBox>> = live_handlers()
+        .iter()
+        .map(|shared| shared.worker.get(py))
+        .filter(|boxed| !boxed.get().worker.is_worker_thread())
+        .collect();
+    let mut flushes: Vec<_> = workers
+        .iter()
+        .map(|boxed| boxed.get().worker.start_flush())
+        .collect();
+    let mut all_done = true;
+    for flush in &mut flushes {
+        loop {
+            let now = Instant::now();
+            let until = deadline.map_or(now + SLICE, |d| d.min(now + SLICE));
+            if let Some(done) = py.detach(|| flush.wait(until)) {
+                all_done &= done;
+                break;
+            }
+            if deadline.is_some_and(|d| Instant::now() >= d) {
+                return Ok(false);
+            }
+            py.check_signals()?;
+        }
+    }
+    Ok(all_done)
+}
+
 /// In a forked child: gives every handler a new queue and worker thread.
 /// The old ones are leaked: their thread does not exist here, and their
 /// locks may have been held by it at fork time.

@@ -417,6 +417,34 @@ pub fn _flush_all_stats(py: Python<'_>) {
     AT_EXIT.store(true, Ordering::Release);
 }
 
+/// Emits the open window of every live Stat now, in creation order; the
+/// Stats go on with a new window. `torchmon.flush()`'s first step
+/// (docs/api.md). Unlike `_flush_all_stats` it leaves `AT_EXIT` alone: the
+/// process goes on, and later destructions still emit their windows. Every
+/// Stat is flushed even when a handler raises; the first error is raised
+/// afterwards by the rule of `log_event` (`py_registry::Failures`). Returns
+/// how many windows were emitted.
+#[pyfunction]
+pub fn _flush_stats_now(py: Python<'_>) -> PyResult<usize> {
+    let mut live: Vec<(u64, Arc<StatShared>)> = LIVE
+        .lock()
+        .iter()
+        .filter_map(|(id, stat)| Some((*id, stat.upgrade()?)))
+        .collect();
+    live.sort_unstable_by_key(|(id, _)| *id);
+    let mut failures = Failures::default();
+    let mut emitted = 0;
+    for (_, stat) in &live {
+        if let Some(window) = stat.core.flush() {
+            emitted += 1;
+            if let Err(err) = stat.emit_window(py, &window) {
+                failures.add(py, err, stat.name.bind(py).as_any());
+            }
+        }
+    }
+    failures.into_result().map(|()| emitted)
+}
+
 /// Fills this module's lazy cells at import (see `py_convert::init_lazy`).
 pub fn init_lazy(py: Python<'_>) {
     stat_event_name(py);

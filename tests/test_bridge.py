@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import gc
 import sys
+import textwrap
 import time
 from datetime import datetime, timedelta
 
@@ -239,3 +240,86 @@ def test_import_error_without_torch():
     assert result.stdout.startswith(
         "ImportError: torchmon.bridge.forward_from_torch() needs PyTorch"
     )
+
+
+_EXIT_SCENARIOS = {
+    "left-open": """
+        bridge = forward_from_torch()
+        tm.log_event(tm.Event("x", datetime(2020, 1, 1), {"a": 1}))
+        """,
+    # docs/wait_counter_and_bridge.md's own pattern: the sink goes, the bridge stays.
+    "sink-unregistered-in-finally": """
+        sink = torchmon.JsonlEventHandler(OUT)
+        h = torchmon.register_event_handler(sink)
+        try:
+            bridge = forward_from_torch()
+            tm.log_event(tm.Event("x", datetime(2020, 1, 1), {"a": 1}))
+        finally:
+            torchmon.unregister_event_handler(h)
+            sink.close()
+        """,
+    "closed-inside-a-forwarded-handler": """
+        bridge = forward_from_torch()
+        def closer(event):
+            bridge.close()
+        h = torchmon.register_event_handler(closer)
+        tm.log_event(tm.Event("x", datetime(2020, 1, 1), {"a": 1}))
+        torchmon.unregister_event_handler(h)
+        assert bridge.closed
+        """,
+}
+
+
+@pytest.mark.parametrize("scenario", sorted(_EXIT_SCENARIOS))
+def test_a_forwarder_still_in_torchs_registry_at_exit_does_not_crash(
+    scenario: str, tmp_path
+) -> None:
+    """torch destroys its handler registry after the interpreter finalized;
+    a Python handler still in it crashed the exit (rc 139) every run. The
+    bridge's exit step takes every forwarder out first (docs/reliability.md)."""
+    pytest.importorskip("torch.monitor")
+    for _ in range(2):
+        prelude = f"""
+            from datetime import datetime
+            import torch.monitor as tm
+            import torchmon
+            from torchmon.bridge import forward_from_torch
+            OUT = {str(tmp_path / "sink.jsonl")!r}
+            """
+        code = textwrap.dedent(prelude) + textwrap.dedent(_EXIT_SCENARIOS[scenario])
+        result = run_python(code + "print('done')\n", timeout=120)
+        assert result.returncode == 0, (result.returncode, result.stderr)
+        assert result.stdout.strip() == "done"
+
+
+def test_the_exit_step_does_not_deadlock_with_a_thread_inside_torchs_dispatch() -> None:
+    """torch's unregister_event_handler waits for torch's handler lock with
+    the GIL held; a daemon thread inside torch's dispatch (in a slow torchmon
+    handler reached through the bridge) holds that lock and waits for the
+    GIL. The exit step waits until no thread is inside a forwarding call
+    before it unregisters (docs/wait_counter_and_bridge.md)."""
+    pytest.importorskip("torch.monitor")
+    for _ in range(3):
+        result = run_python(
+            """
+            import threading, time, datetime as dt
+            import torch.monitor as tm
+            import torchmon
+            from torchmon.bridge import forward_from_torch
+
+            bridge = forward_from_torch()
+            torchmon.register_event_handler(lambda event: time.sleep(0.05))
+            event = tm.Event("x", dt.datetime(2020, 1, 1), {})
+
+            def loop():
+                while True:
+                    tm.log_event(event)
+
+            threading.Thread(target=loop, daemon=True).start()
+            time.sleep(0.3)
+            print("done")
+            """,
+            timeout=60,
+        )
+        assert result.returncode == 0, (result.returncode, result.stderr)
+        assert result.stdout.strip() == "done"

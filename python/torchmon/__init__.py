@@ -10,7 +10,7 @@ import atexit
 import os
 import threading
 
-from . import _core
+from . import _core, _flush
 from ._core import (
     STAT_EVENT,
     Aggregation,
@@ -27,6 +27,7 @@ from ._core import (
 # The version lives in Cargo.toml only; the native module carries it (no
 # importlib.metadata lookup at import, and a source checkout has no metadata).
 from ._core import __version__ as __version__
+from ._flush import SignalFlush, flush, flush_on_signals
 from ._wait_counter import WaitCounter, _WaitCounter, _WaitCounterTracker
 
 # The sinks are imported on first use (PEP 562): with json and re, which they
@@ -88,12 +89,15 @@ __all__ = [
     "JsonlEventHandler",
     "OpenTelemetryEventHandler",
     "PrometheusEventHandler",
+    "SignalFlush",
     "Stat",
     "TensorboardEventHandler",
     "WaitCounter",
     "_WaitCounter",
     "_WaitCounterTracker",
     "data_value_t",
+    "flush",
+    "flush_on_signals",
     "log_event",
     "read_jsonl",
     "register_event_handler",
@@ -137,3 +141,6 @@ def _install_exit_flush() -> None:
 # frames are on their stack (see crates/torchmon-core/src/exit_gate.rs, docs/internals.md "Exit").
 atexit.register(_core._close_exit_gate)
 _install_exit_flush()
+# multiprocessing's fork and forkserver children end with os._exit(), without
+# atexit: they flush from multiprocessing's own exit step (torchmon/_flush.py).
+_flush._install()

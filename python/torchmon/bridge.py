@@ -33,14 +33,22 @@ torch calls its handlers with an internal lock held, so torchmon handlers
 reached through the bridge must not call ``torch.monitor`` themselves
 (torch deadlocks). Closing the bridge from inside such a handler is safe: it
 stops the forwarding at once and unregisters from torch at the next
-``forward_from_torch()`` or ``close()`` made outside of torch's dispatch.
+``forward_from_torch()`` or ``close()`` made outside of torch's dispatch, or
+at interpreter exit.
+
+At exit every forwarder still in torch's registry (a bridge left open, or
+closed from inside a handler) is unregistered by an ``atexit`` step: torch
+destroys its registry after the interpreter finalized, and dropping a Python
+handler then crashes the process (docs/reliability.md).
 """
 
 from __future__ import annotations
 
+import atexit
 import importlib
 import sys
 import threading
+import time
 import traceback
 import types
 from types import TracebackType
@@ -54,6 +62,8 @@ __all__ = ["TorchBridge", "forward_from_torch"]
 _state = threading.local()  # .depth: how many forwarding calls this thread is inside
 _pending_lock = new_lock()
 _pending_unregister: list[Any] = []  # torch handles to unregister outside of dispatch
+_open_bridges: dict[int, TorchBridge] = {}  # id -> bridge, until closed (under _pending_lock)
+_exit_step_registered = False
 
 
 def _torch_monitor() -> Any:
@@ -150,6 +160,8 @@ class TorchBridge:
         with self._lock:
             handle, self._handle = self._handle, None
         self._forwarder.active = False
+        with _pending_lock:
+            _open_bridges.pop(id(self), None)
         if _inside_dispatch():
             # torch holds its handler lock: unregistering now would deadlock.
             if handle is not None:
@@ -192,6 +204,87 @@ def forward_from_torch() -> TorchBridge:
             "torch.monitor event: torch holds its handler lock (it would deadlock)"
         )
     _drain_pending(monitor)
+    _register_exit_step()
     forwarder = _Forwarder()
     handle = monitor.register_event_handler(forwarder)
-    return TorchBridge(monitor, forwarder, handle)
+    bridge = TorchBridge(monitor, forwarder, handle)
+    with _pending_lock:
+        _open_bridges[id(bridge)] = bridge
+    return bridge
+
+
+def _register_exit_step() -> None:
+    global _exit_step_registered
+    with _pending_lock:
+        if _exit_step_registered:
+            return
+        _exit_step_registered = True
+    atexit.register(_unregister_all_at_exit)
+
+
+# How long the exit step waits for other threads to leave a forwarding call.
+_EXIT_WAIT = 2.0
+
+
+def _no_other_thread_forwarding(timeout: float) -> bool:
+    """Waits until no other thread is inside a forwarding call; ``False`` if
+    one still was after ``timeout`` seconds.
+
+    torch calls its handlers with its handler lock held, and its
+    ``unregister_event_handler`` waits for that lock without releasing the
+    GIL: called while another thread is inside torch's dispatch, it would
+    deadlock. A thread holding torch's lock without the GIL is inside a
+    Python handler, that is, inside ``_Forwarder.__call__`` (its frame is
+    pushed before it can give up the GIL); while this thread then holds the
+    GIL without a break, no thread can enter torch's dispatch. So: look at
+    every thread's frames with the GIL held, and let the others run (sleep)
+    while one is inside.
+    """
+    deadline = time.monotonic() + timeout
+    while _another_thread_forwards():
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.001)
+    return True
+
+
+def _another_thread_forwards() -> bool:
+    me = threading.get_ident()
+    code = _Forwarder.__call__.__code__
+    for ident, frame in sys._current_frames().items():
+        if ident == me:
+            continue
+        current: Any = frame
+        while current is not None:
+            if current.f_code is code:
+                return True
+            current = current.f_back
+    return False
+
+
+def _unregister_all_at_exit() -> None:
+    """Takes every forwarder out of torch's registry before the interpreter
+    finalizes: torch destroys its handler registry (a C++ static) after that,
+    and releasing a Python handler then re-takes the GIL of a finalized
+    interpreter (exit status 139). Covers bridges left open and those closed
+    from inside a forwarded handler (whose unregistration was deferred).
+    Never raises."""
+    with _pending_lock:
+        bridges = list(_open_bridges.values())
+    for bridge in bridges:
+        bridge._forwarder.active = False  # from now on a forwarding call returns at once
+    if not _no_other_thread_forwarding(_EXIT_WAIT):
+        # Unregistering would wait for torch's lock, held by a thread that
+        # waits for the GIL we hold: leave torch's registry as it is.
+        return
+    for bridge in bridges:
+        try:
+            bridge.close()
+        except BaseException as exc:
+            _report_unraisable(exc, bridge)
+    monitor = sys.modules.get("torch.monitor")
+    if monitor is not None and not _inside_dispatch():
+        try:
+            _drain_pending(monitor)
+        except BaseException as exc:
+            _report_unraisable(exc, _unregister_all_at_exit)

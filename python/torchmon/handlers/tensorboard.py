@@ -6,7 +6,12 @@ import operator
 from typing import Any, Callable, Protocol, Union
 
 from .._core import STAT_EVENT, Event
+from .._flush import _register_flushable
 from .._forksafe import new_lock
+from . import _tbx_drain
+
+# How long flush() waits for a tensorboardX writer thread to reach its marker.
+_DRAIN_TIMEOUT = 10.0
 
 __all__ = ["TensorboardEventHandler"]
 
@@ -76,6 +81,7 @@ class TensorboardEventHandler:
     """
 
     __slots__ = (
+        "__weakref__",
         "_grouped",
         "_lock",
         "_ordinals",
@@ -151,6 +157,17 @@ class TensorboardEventHandler:
         # and drops the later points, so each tag's steps must reach the file in
         # increasing order even when several threads close windows at once.
         self._lock = new_lock()
+        _register_flushable(self)
+
+    def flush(self) -> None:
+        """Writes out what this handler handed to the writer: waits for a
+        tensorboardX writer's queue (its own ``flush()`` does not), then calls
+        the writer's ``flush()`` if it has one. ``torchmon.flush()`` calls it
+        after the Stats' windows reached this handler."""
+        _tbx_drain.wait_for_queues(self._writer, _DRAIN_TIMEOUT)
+        flush = getattr(self._writer, "flush", None)
+        if callable(flush):
+            flush()
 
     def __call__(self, event: Event) -> None:
         name = event.name
