@@ -45,7 +45,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
         register_event_handler, unregister_event_handler,
     };
     use crate::py_stat::{_flush_all_stats, _live_stat_count, Stat};
-    m.add_class::<crate::py_aggregation::PyAggregation>()?;
+    crate::py_aggregation::add_to_module(m)?;
     m.add_class::<AsyncEventHandler>()?;
     m.add_class::<crate::py_event::DataValueT>()?;
     m.add_class::<crate::py_event::Event>()?;

@@ -24,7 +24,7 @@
 //! keeps (see `sample_bits`), so "the first sample sets them" needs no
 //! knowledge of which writer came first.
 
-use crate::aggregation::Aggregation;
+use crate::aggregation::{Aggregation, Needs};
 use crate::sync::{AtomicI64, AtomicU64, Mutex, Ordering, spin_wait};
 
 const PHASE_BIT: u64 = 1 << 63;
@@ -123,31 +123,6 @@ impl Closed {
 
     pub fn iter(&self) -> impl Iterator<Item = &WindowStats> {
         self.windows.iter().flatten()
-    }
-}
-
-/// Which accumulators the configured aggregations read; the others are skipped.
-#[derive(Clone, Copy, Debug, Default)]
-struct Needs {
-    sum: bool,
-    min: bool,
-    max: bool,
-    last: bool,
-}
-
-impl Needs {
-    fn of(aggregations: &[Aggregation]) -> Self {
-        let mut needs = Needs::default();
-        for a in aggregations {
-            match a {
-                Aggregation::Value => needs.last = true,
-                Aggregation::Mean | Aggregation::Sum => needs.sum = true,
-                Aggregation::Max => needs.max = true,
-                Aggregation::Min => needs.min = true,
-                Aggregation::Count => {}
-            }
-        }
-        needs
     }
 }
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import atexit
 import os
 import threading
+from typing import TYPE_CHECKING
 
 from . import _core
 from ._core import (
@@ -29,13 +30,18 @@ from .handlers.otel import OpenTelemetryEventHandler
 from .handlers.prometheus import PrometheusEventHandler
 from .handlers.tensorboard import TensorboardEventHandler
 
-# torch.monitor exports the members at module level too.
-VALUE = Aggregation.VALUE
-MEAN = Aggregation.MEAN
-COUNT = Aggregation.COUNT
-SUM = Aggregation.SUM
-MAX = Aggregation.MAX
-MIN = Aggregation.MIN
+# torch.monitor exports the members at module level too. They come from the
+# native table of aggregations (src/aggregation.rs); type checkers see the
+# list below, which tests/test_aggregation.py checks names every member.
+if TYPE_CHECKING:
+    VALUE = Aggregation.VALUE
+    MEAN = Aggregation.MEAN
+    COUNT = Aggregation.COUNT
+    SUM = Aggregation.SUM
+    MAX = Aggregation.MAX
+    MIN = Aggregation.MIN
+else:
+    globals().update(Aggregation.__members__)
 
 __version__ = "0.1.0"
 

@@ -27,23 +27,21 @@ from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any, Callable, TextIO
 
-from ._core import STAT_EVENT, Aggregation, Event, Stat, log_event, register_event_handler
+from ._core import (
+    _AGGREGATION_KEY_SUFFIXES,
+    STAT_EVENT,
+    Aggregation,
+    Event,
+    Stat,
+    log_event,
+    register_event_handler,
+)
 from ._core import unregister_event_handler as _unregister_event_handler
 from ._wait_counter import WaitCounter, _discard_counter
 
 __all__ = ["main"]
 
-_AGGREGATION_NAMES = frozenset(
-    agg.name.lower()
-    for agg in (
-        Aggregation.VALUE,
-        Aggregation.MEAN,
-        Aggregation.COUNT,
-        Aggregation.SUM,
-        Aggregation.MAX,
-        Aggregation.MIN,
-    )
-)
+_AGGREGATION_NAMES = frozenset(_AGGREGATION_KEY_SUFFIXES)
 _EXIT_OK = 0
 _EXIT_ERROR = 1
 _EXIT_USAGE = 2  # bad arguments, unreadable or malformed input

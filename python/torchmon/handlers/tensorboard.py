@@ -6,7 +6,7 @@ import inspect
 import operator
 from typing import Any, Callable, Protocol, Union
 
-from .._core import STAT_EVENT, Event
+from .._core import _AGGREGATION_KEY_SUFFIXES, STAT_EVENT, Event
 from .._forksafe import new_lock
 
 __all__ = ["TensorboardEventHandler"]
@@ -16,7 +16,7 @@ StepOption = Union[str, Callable[[], int], None]
 
 _LAYOUTS = ("torch", "grouped")
 # The suffixes a Stat event's keys end with ("<stat name>.<aggregation>").
-_AGGREGATION_SUFFIXES = frozenset(("value", "mean", "count", "sum", "max", "min"))
+_AGGREGATION_SUFFIXES = frozenset(_AGGREGATION_KEY_SUFFIXES)
 
 
 class _ScalarWriter(Protocol):
