@@ -16,8 +16,8 @@ mod py_aggregation;
 mod py_async;
 mod py_clock;
 mod py_convert;
+mod py_entry_points;
 mod py_event;
-mod py_fast;
 mod py_gil_cell;
 mod py_registry;
 mod py_stat;
@@ -71,7 +71,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     crate::py_event::mapping_abc(py)?;
     crate::py_registry::init_lazy(py);
     crate::py_stat::init_lazy(py);
-    crate::py_fast::install(m)?;
+    crate::py_entry_points::install(m)?;
     Ok(())
 }
 

@@ -2,12 +2,12 @@
 //! Its members, values and messages come from the core's table
 //! (aggregation.rs), installed on the class when the module loads.
 
-use pyo3::exceptions::{PyTypeError, PyValueError};
+use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyMappingProxy, PyTuple};
 
 use crate::aggregation::{Aggregation as Core, TABLE};
-use crate::py_convert::type_name;
+use crate::py_convert::arg_type_error;
 
 /// Aggregation applied to the samples of one Stat window.
 ///
@@ -63,10 +63,7 @@ impl PyAggregation {
         if value.is_instance_of::<pyo3::types::PyBool>()
             || !value.is_instance_of::<pyo3::types::PyInt>()
         {
-            return Err(PyTypeError::new_err(format!(
-                "Aggregation(value): value must be an int, not {}",
-                type_name(value)
-            )));
+            return Err(arg_type_error("Aggregation", "value", "an int", value));
         }
         let number: i64 = value.extract().unwrap_or(i64::MIN);
         match Core::from_value(number) {
