@@ -8,8 +8,8 @@ mod py_aggregation;
 mod py_async;
 mod py_clock;
 mod py_convert;
+mod py_entry_points;
 mod py_event;
-mod py_fast;
 mod py_gil_cell;
 mod py_registry;
 mod py_stat;
@@ -38,7 +38,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
         register_event_handler, unregister_event_handler,
     };
     use crate::py_stat::{_flush_all_stats, _flush_stats_now, _live_stat_count, Stat};
-    m.add_class::<crate::py_aggregation::PyAggregation>()?;
+    crate::py_aggregation::add_to_module(m)?;
     m.add_class::<AsyncEventHandler>()?;
     m.add_class::<crate::py_event::DataValueT>()?;
     m.add_class::<crate::py_event::Event>()?;
@@ -69,7 +69,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     crate::py_event::mapping_abc(py)?;
     crate::py_registry::init_lazy(py);
     crate::py_stat::init_lazy(py);
-    crate::py_fast::install(m)?;
+    crate::py_entry_points::install(m)?;
     Ok(())
 }
 

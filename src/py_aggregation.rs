@@ -1,44 +1,46 @@
 //! `Aggregation`: an enum whose members are singletons, as Python enums are.
+//! Its members, values and messages come from the core's table
+//! (aggregation.rs), installed on the class when the module loads.
 
-use pyo3::exceptions::{PyTypeError, PyValueError};
+use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
-use pyo3::types::PyTuple;
+use pyo3::types::{PyDict, PyMappingProxy, PyTuple};
 
-use crate::py_convert::type_name;
-use torchmon_core::aggregation::Aggregation as Core;
+use crate::py_convert::arg_type_error;
+use torchmon_core::aggregation::{Aggregation as Core, TABLE};
 
 /// Aggregation applied to the samples of one Stat window.
 ///
 /// Members compare equal only to themselves (not to ints, as in torch);
 /// `int(member)` and `.value` give the C++ enum value.
-#[pyclass(
-    name = "Aggregation",
-    module = "torchmon",
-    frozen,
-    eq,
-    hash,
-    rename_all = "UPPERCASE"
-)]
+#[pyclass(name = "Aggregation", module = "torchmon", frozen, eq, hash)]
 #[derive(Clone, Copy, PartialEq, Eq, Hash)]
-pub enum PyAggregation {
-    Value = 1,
-    Mean = 2,
-    Count = 3,
-    Sum = 4,
-    Max = 5,
-    Min = 6,
+pub struct PyAggregation(Core);
+
+/// Adds `Aggregation` to the module with one member per row of the table, as
+/// class attributes and in `Aggregation.__members__` (name to member, in
+/// value order, as a Python enum's), and `_AGGREGATION_KEY_SUFFIXES`, the
+/// event-key suffixes in the same order, for the Python code that splits
+/// event keys.
+pub fn add_to_module(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    let py = m.py();
+    let class = py.get_type::<PyAggregation>();
+    let members = PyDict::new(py);
+    for row in TABLE {
+        let member = Bound::new(py, PyAggregation(row.aggregation))?;
+        class.setattr(row.name, &member)?;
+        members.set_item(row.name, member)?;
+    }
+    class.setattr("__members__", PyMappingProxy::new(py, members.as_mapping()))?;
+    m.add_class::<PyAggregation>()?;
+    let suffixes = PyTuple::new(py, TABLE.iter().map(|row| row.key_suffix))?;
+    m.add("_AGGREGATION_KEY_SUFFIXES", suffixes)?;
+    Ok(())
 }
 
 impl PyAggregation {
     pub fn core(self) -> Core {
-        match self {
-            PyAggregation::Value => Core::Value,
-            PyAggregation::Mean => Core::Mean,
-            PyAggregation::Count => Core::Count,
-            PyAggregation::Sum => Core::Sum,
-            PyAggregation::Max => Core::Max,
-            PyAggregation::Min => Core::Min,
-        }
+        self.0
     }
 
     /// The member object itself (the class attribute), so identity holds.
@@ -61,17 +63,16 @@ impl PyAggregation {
         if value.is_instance_of::<pyo3::types::PyBool>()
             || !value.is_instance_of::<pyo3::types::PyInt>()
         {
-            return Err(PyTypeError::new_err(format!(
-                "Aggregation(value): value must be an int, not {}",
-                type_name(value)
-            )));
+            return Err(arg_type_error("Aggregation", "value", "an int", value));
         }
         let number: i64 = value.extract().unwrap_or(i64::MIN);
         match Core::from_value(number) {
             Some(core) => Ok(Self::member(py, core)?.unbind()),
             None => Err(PyValueError::new_err(format!(
-                "{} is not a valid Aggregation (valid values: 1 to 6)",
-                value.repr()?
+                "{} is not a valid Aggregation (valid values: {} to {})",
+                value.repr()?,
+                Core::VALUE_RANGE.0,
+                Core::VALUE_RANGE.1
             ))),
         }
     }

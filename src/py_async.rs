@@ -18,7 +18,7 @@
 //!   goes on: there is no caller to raise it to, and no event is skipped.
 
 use parking_lot::Mutex;
-use pyo3::exceptions::{PyRuntimeError, PyTypeError, PyValueError};
+use pyo3::exceptions::PyRuntimeError;
 use pyo3::prelude::*;
 use pyo3::types::{PyBool, PyInt, PyString};
 use std::collections::HashMap;
@@ -27,7 +27,7 @@ use std::sync::{Arc, LazyLock, Weak};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use crate::py_convert::type_name;
+use crate::py_convert::{arg_type_error, arg_value_error};
 use crate::py_event::Event;
 use crate::py_gil_cell::GilCell;
 use torchmon_core::worker::{Flow, Pushed, Sink, Worker};
@@ -165,15 +165,19 @@ fn timeout_arg(value: Option<&Bound<'_, PyAny>>) -> PyResult<Option<Duration>> {
         return Ok(None);
     };
     let seconds: f64 = value.extract().map_err(|_| {
-        PyTypeError::new_err(format!(
-            "AsyncEventHandler.flush(timeout): timeout must be a number of seconds or None, not {}",
-            type_name(value)
-        ))
+        arg_type_error(
+            "AsyncEventHandler.flush",
+            "timeout",
+            "a number of seconds or None",
+            value,
+        )
     })?;
     if seconds.is_nan() || seconds < 0.0 {
-        return Err(PyValueError::new_err(format!(
-            "AsyncEventHandler.flush(timeout): timeout must be >= 0 seconds, got {seconds}"
-        )));
+        return Err(arg_value_error(
+            "AsyncEventHandler.flush",
+            "timeout",
+            format_args!("must be >= 0 seconds, got {seconds}"),
+        ));
     }
     // Too long to represent: no limit.
     Ok(Duration::try_from_secs_f64(seconds).ok())
@@ -181,16 +185,22 @@ fn timeout_arg(value: Option<&Bound<'_, PyAny>>) -> PyResult<Option<Duration>> {
 
 fn maxsize_arg(value: &Bound<'_, PyAny>) -> PyResult<usize> {
     if value.is_instance_of::<PyBool>() || !value.is_instance_of::<PyInt>() {
-        return Err(PyTypeError::new_err(format!(
-            "AsyncEventHandler(maxsize): maxsize must be an int, not {}",
-            type_name(value)
-        )));
+        return Err(arg_type_error(
+            "AsyncEventHandler",
+            "maxsize",
+            "an int",
+            value,
+        ));
     }
     let out_of_range = || {
-        PyValueError::new_err(format!(
-            "AsyncEventHandler(maxsize): maxsize must be between 1 and {MAX_QUEUE}, got {}",
-            value.repr().map(|r| r.to_string()).unwrap_or_default()
-        ))
+        arg_value_error(
+            "AsyncEventHandler",
+            "maxsize",
+            format_args!(
+                "must be between 1 and {MAX_QUEUE}, got {}",
+                value.repr().map(|r| r.to_string()).unwrap_or_default()
+            ),
+        )
     };
     let maxsize: i64 = value.extract().map_err(|_| out_of_range())?;
     match usize::try_from(maxsize) {
@@ -201,17 +211,21 @@ fn maxsize_arg(value: &Bound<'_, PyAny>) -> PyResult<usize> {
 
 fn on_full_arg(value: &Bound<'_, PyAny>) -> PyResult<OnFull> {
     let text = value.cast::<PyString>().map_err(|_| {
-        PyTypeError::new_err(format!(
-            "AsyncEventHandler(on_full): on_full must be \"drop\" or \"block\", not {}",
-            type_name(value)
-        ))
+        arg_type_error(
+            "AsyncEventHandler",
+            "on_full",
+            "\"drop\" or \"block\"",
+            value,
+        )
     })?;
     match text.to_str()? {
         "drop" => Ok(OnFull::Drop),
         "block" => Ok(OnFull::Block),
-        other => Err(PyValueError::new_err(format!(
-            "AsyncEventHandler(on_full): on_full must be \"drop\" or \"block\", got {other:?}"
-        ))),
+        other => Err(arg_value_error(
+            "AsyncEventHandler",
+            "on_full",
+            format_args!("must be \"drop\" or \"block\", got {other:?}"),
+        )),
     }
 }
 
@@ -271,10 +285,12 @@ impl AsyncEventHandler {
         on_full: Given,
     ) -> PyResult<Self> {
         if !handler.is_callable() {
-            return Err(PyTypeError::new_err(format!(
-                "AsyncEventHandler(handler): handler must be callable, not {}",
-                type_name(handler)
-            )));
+            return Err(arg_type_error(
+                "AsyncEventHandler",
+                "handler",
+                "callable",
+                handler,
+            ));
         }
         let maxsize = maxsize.0.map_or(Ok(1024), |v| maxsize_arg(v.bind(py)))?;
         let on_full = on_full
@@ -304,10 +320,12 @@ impl AsyncEventHandler {
     /// Queues `event` (a snapshot of it) and returns; see `on_full`.
     fn __call__(&self, py: Python<'_>, event: &Bound<'_, PyAny>) -> PyResult<()> {
         let Ok(typed) = event.cast::<Event>() else {
-            return Err(PyTypeError::new_err(format!(
-                "AsyncEventHandler(event): event must be a torchmon.Event, not {}",
-                type_name(event)
-            )));
+            return Err(arg_type_error(
+                "AsyncEventHandler",
+                "event",
+                "a torchmon.Event",
+                event,
+            ));
         };
         let boxed = self.worker(py);
         let worker = &boxed.get().worker;
@@ -493,9 +511,11 @@ pub fn _drain_async_handlers(py: Python<'_>, timeout: Option<f64>) -> PyResult<b
     let deadline = match timeout {
         None => None,
         Some(seconds) if seconds.is_nan() || seconds < 0.0 => {
-            return Err(PyValueError::new_err(format!(
-                "flush(timeout): timeout must be >= 0 seconds, got {seconds}"
-            )));
+            return Err(arg_value_error(
+                "flush",
+                "timeout",
+                format_args!("must be >= 0 seconds, got {seconds}"),
+            ));
         }
         Some(seconds) => Duration::try_from_secs_f64(seconds)
             .ok()

@@ -6,6 +6,28 @@ use pyo3::prelude::*;
 use pyo3::sync::{Interned, PyOnceLock};
 use pyo3::types::{PyBool, PyByteArray, PyBytes, PyFloat, PyInt, PyString, PyType};
 
+/// The one format of an argument error, here and in the Python package
+/// (python/torchmon/_errors.py): the call, the argument, then the argument
+/// again as the subject of the problem, e.g. `Stat(window_size): window_size
+/// must be finite, not NaN` (docs/api.md).
+pub fn arg_message(call: &str, arg: &str, problem: impl std::fmt::Display) -> String {
+    format!("{call}({arg}): {arg} {problem}")
+}
+
+/// `TypeError`: `{call}({arg}): {arg} must be {expected}, not {type of got}`.
+pub fn arg_type_error(call: &str, arg: &str, expected: &str, got: &Bound<'_, PyAny>) -> PyErr {
+    PyTypeError::new_err(arg_message(
+        call,
+        arg,
+        format_args!("must be {expected}, not {}", type_name(got)),
+    ))
+}
+
+/// `ValueError`: `{call}({arg}): {arg} {problem}`.
+pub fn arg_value_error(call: &str, arg: &str, problem: impl std::fmt::Display) -> PyErr {
+    PyValueError::new_err(arg_message(call, arg, problem))
+}
+
 pub fn type_name(obj: &Bound<'_, PyAny>) -> String {
     obj.get_type()
         .name()

@@ -1,9 +1,9 @@
 //! Python side of the handler registry: handles, (un)registration, dispatch.
 
-use pyo3::exceptions::{PyException, PyTypeError};
+use pyo3::exceptions::PyException;
 use pyo3::prelude::*;
 
-use crate::py_convert::type_name;
+use crate::py_convert::arg_type_error;
 use crate::py_event::Event;
 use crate::py_gil_cell::GilCell;
 #[cfg(not(Py_3_14))]
@@ -141,10 +141,12 @@ impl EventHandlerHandle {
 #[pyfunction]
 pub fn register_event_handler(callback: &Bound<'_, PyAny>) -> PyResult<EventHandlerHandle> {
     if !callback.is_callable() {
-        return Err(PyTypeError::new_err(format!(
-            "register_event_handler(callback): callback must be callable, not {}",
-            type_name(callback)
-        )));
+        return Err(arg_type_error(
+            "register_event_handler",
+            "callback",
+            "callable",
+            callback,
+        ));
     }
     let (id, replaced) = HANDLERS.register(GilCell::new(Some(callback.clone().unbind())));
     #[cfg(not(Py_GIL_DISABLED))]
@@ -168,10 +170,12 @@ pub fn register_event_handler(callback: &Bound<'_, PyAny>) -> PyResult<EventHand
 #[pyfunction]
 pub fn unregister_event_handler(handle: &Bound<'_, PyAny>) -> PyResult<()> {
     let handle = handle.cast::<EventHandlerHandle>().map_err(|_| {
-        PyTypeError::new_err(format!(
-            "unregister_event_handler(handle): handle must be an EventHandlerHandle, not {}",
-            type_name(handle)
-        ))
+        arg_type_error(
+            "unregister_event_handler",
+            "handle",
+            "an EventHandlerHandle",
+            handle,
+        )
     })?;
     let py = handle.py();
     let (entry, replaced) = HANDLERS.unregister(handle.get().id);
@@ -192,13 +196,15 @@ pub fn has_handlers() -> bool {
     !HANDLERS.is_empty()
 }
 
-/// `log_event(event)`'s body; its entry point is `py_fast::log_event`.
+/// `log_event(event)`'s body; its entry point is `py_entry_points::log_event`.
 pub fn log_event_checked(event: &Bound<'_, PyAny>) -> PyResult<()> {
     if event.cast::<Event>().is_err() {
-        return Err(PyTypeError::new_err(format!(
-            "log_event(event): event must be a torchmon.Event, not {}",
-            type_name(event)
-        )));
+        return Err(arg_type_error(
+            "log_event",
+            "event",
+            "a torchmon.Event",
+            event,
+        ));
     }
     match current_handlers(event.py()) {
         None => Ok(()),

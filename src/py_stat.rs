@@ -11,7 +11,9 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, LazyLock, Weak};
 
 use crate::py_aggregation::PyAggregation;
-use crate::py_convert::{Surrogates, datetime_now, sample, string_arg, type_name};
+use crate::py_convert::{
+    Surrogates, arg_type_error, arg_value_error, datetime_now, sample, string_arg, type_name,
+};
 use crate::py_event::Event;
 use crate::py_registry::{Failures, current_handlers, dispatch};
 use torchmon_core::aggregation::Aggregation;
@@ -110,7 +112,7 @@ pub struct Stat {
 }
 
 impl Stat {
-    /// `Stat.add(v)`'s body; its entry point is `py_fast::stat_add`.
+    /// `Stat.add(v)`'s body; its entry point is `py_entry_points::stat_add`.
     pub(crate) fn add_value(&self, py: Python<'_>, v: &Bound<'_, PyAny>) -> PyResult<()> {
         let value = sample(v)?;
         let closed = self.record(value);
@@ -161,10 +163,12 @@ fn window_arg(value: &Bound<'_, PyAny>) -> PyResult<WindowArg> {
     if let Ok(f) = value.cast::<PyFloat>() {
         return Ok(WindowArg::Seconds(f.value()));
     }
-    Err(PyTypeError::new_err(format!(
-        "Stat(window_size): window_size must be a datetime.timedelta or a float number of seconds, not {}",
-        type_name(value)
-    )))
+    Err(arg_type_error(
+        "Stat",
+        "window_size",
+        "a datetime.timedelta or a float number of seconds",
+        value,
+    ))
 }
 
 fn window_ms(arg: WindowArg) -> PyResult<i64> {
@@ -172,20 +176,25 @@ fn window_ms(arg: WindowArg) -> PyResult<i64> {
         WindowArg::Millis(ms) => ms,
         WindowArg::Seconds(s) => {
             if !s.is_finite() {
-                return Err(PyValueError::new_err(format!(
-                    "Stat(window_size): window_size must be finite, not {s}"
-                )));
+                return Err(arg_value_error(
+                    "Stat",
+                    "window_size",
+                    format_args!("must be finite, not {s}"),
+                ));
             }
             torchmon_core::clock::seconds_to_ms(s)
         }
     };
     if millis < 1 {
-        return Err(PyValueError::new_err(format!(
-            "Stat(window_size): window_size must be at least 1 millisecond (got {millis} ms after truncation to whole milliseconds)"
-        )));
+        return Err(arg_value_error(
+            "Stat",
+            "window_size",
+            format_args!(
+                "must be at least 1 millisecond (got {millis} ms after truncation to whole milliseconds)"
+            ),
+        ));
     }
-    i64::try_from(millis)
-        .map_err(|_| PyValueError::new_err("Stat(window_size): window_size is too large"))
+    i64::try_from(millis).map_err(|_| arg_value_error("Stat", "window_size", "is too large"))
 }
 
 /// `max_samples`: an int in int64 range, or what pybind11's int64 caster
@@ -193,12 +202,7 @@ fn window_ms(arg: WindowArg) -> PyResult<i64> {
 /// a str or None.
 fn max_samples_arg(value: &Bound<'_, PyAny>) -> PyResult<i64> {
     let py = value.py();
-    let type_error = || {
-        PyTypeError::new_err(format!(
-            "Stat(max_samples): max_samples must be an int in the int64 range, not {}",
-            type_name(value)
-        ))
-    };
+    let type_error = || arg_type_error("Stat", "max_samples", "an int in the int64 range", value);
     if value.is_instance_of::<PyBool>() {
         return Ok(i64::from(value.is_truthy()?));
     }
@@ -238,12 +242,9 @@ impl<'a, 'py> FromPyObject<'a, 'py> for MaxSamplesArg {
 }
 
 fn aggregations_arg(value: &Bound<'_, PyAny>) -> PyResult<Vec<Aggregation>> {
-    let items = value.try_iter().map_err(|_| {
-        PyTypeError::new_err(format!(
-            "Stat(aggregations): aggregations must be an iterable of Aggregation, not {}",
-            type_name(value)
-        ))
-    })?;
+    let items = value
+        .try_iter()
+        .map_err(|_| arg_type_error("Stat", "aggregations", "an iterable of Aggregation", value))?;
     let mut aggregations = Vec::new();
     for item in items {
         let item = item?;
@@ -266,10 +267,12 @@ fn aggregations_arg(value: &Bound<'_, PyAny>) -> PyResult<Vec<Aggregation>> {
 fn check_name_type(value: &Bound<'_, PyAny>) -> PyResult<()> {
     match crate::py_convert::try_string(value, "Stat(name): name", Surrogates::TypeError) {
         Ok(Some(_)) => Ok(()),
-        Ok(None) => Err(PyTypeError::new_err(format!(
-            "Stat(name): name must be a str (or UTF-8 bytes), not {}",
-            type_name(value)
-        ))),
+        Ok(None) => Err(arg_type_error(
+            "Stat",
+            "name",
+            "a str (or UTF-8 bytes)",
+            value,
+        )),
         // Invalid UTF-8 bytes are a value error, reported in the value phase.
         Err(err) if err.is_instance_of::<PyValueError>(value.py()) => Ok(()),
         Err(err) => Err(err),
@@ -465,10 +468,14 @@ fn add_buffer(
     buffer: &PyUntypedBuffer,
 ) -> PyResult<Option<Closed>> {
     if buffer.dimensions() != 1 {
-        return Err(PyValueError::new_err(format!(
-            "Stat.add_many(values): values must be one-dimensional, not a {}-dimensional buffer",
-            buffer.dimensions()
-        )));
+        return Err(arg_value_error(
+            "Stat.add_many",
+            "values",
+            format_args!(
+                "must be one-dimensional, not a {}-dimensional buffer",
+                buffer.dimensions()
+            ),
+        ));
     }
     if !native_byte_order(buffer.format().to_bytes()) {
         return Ok(None);
@@ -587,10 +594,12 @@ fn add_typed<T: BufferItem>(
 /// bad one adds nothing.
 fn add_iterable(core: &CoreStat, values: &Bound<'_, PyAny>) -> PyResult<Closed> {
     let iterator = values.try_iter().map_err(|_| {
-        PyTypeError::new_err(format!(
-            "Stat.add_many(values): values must be a buffer or an iterable of real numbers, not {}",
-            type_name(values)
-        ))
+        arg_type_error(
+            "Stat.add_many",
+            "values",
+            "a buffer or an iterable of real numbers",
+            values,
+        )
     })?;
     // `len()` is only a hint: a hostile `__len__` (10**12) would make the
     // reservation abort the process (tests/test_hostile_input.py).

@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import ast
 import copy
+import datetime as dt
 import pickle
+from pathlib import Path
 
 import pytest
 
 import torchmon
-from torchmon import Aggregation
+from torchmon import Aggregation, _core
 
 # The C++ enum's values (docs/api.md, "Aggregation").
 EXPECTED_VALUES = {"VALUE": 1, "MEAN": 2, "COUNT": 3, "SUM": 4, "MAX": 5, "MIN": 6}
@@ -119,3 +122,102 @@ def test_member_is_an_instance_of_aggregation() -> None:
     for name in ALL_NAMES:
         assert isinstance(getattr(Aggregation, name), Aggregation)
     assert not isinstance(4, Aggregation)
+
+
+# --- one table ------------------------------------------------------------
+# The members, their values, the module aliases, the stubs, the event-key
+# suffixes and the names the CLI and the TensorBoard sink recognise all come
+# from one table in the native core (src/aggregation.rs); these tests check
+# that every place that must list them agrees with it.
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def test_members_mapping_lists_every_member_in_value_order() -> None:
+    members = Aggregation.__members__
+    assert list(members) == ALL_NAMES
+    for name, member in members.items():
+        assert member is getattr(Aggregation, name)
+        assert member.name == name
+    assert [m.value for m in members.values()] == list(range(1, len(members) + 1))
+
+
+def test_members_mapping_is_read_only() -> None:
+    with pytest.raises(TypeError):
+        Aggregation.__members__["EXTRA"] = Aggregation.SUM  # type: ignore[index]
+
+
+def test_invalid_value_message_gives_the_valid_range() -> None:
+    with pytest.raises(ValueError) as info:
+        Aggregation(7)
+    assert str(info.value) == "7 is not a valid Aggregation (valid values: 1 to 6)"
+
+
+def test_every_member_has_a_module_alias_exported_by_star_import() -> None:
+    for name, member in Aggregation.__members__.items():
+        assert getattr(torchmon, name) is member
+        assert name in torchmon.__all__
+
+
+def _class_vars_of(tree: ast.Module, class_name: str) -> list[str]:
+    (cls,) = (n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == class_name)
+    return [
+        n.target.id
+        for n in cls.body
+        if isinstance(n, ast.AnnAssign)
+        and isinstance(n.target, ast.Name)
+        and ast.unparse(n.annotation) == f"ClassVar[{class_name}]"
+    ]
+
+
+def test_stub_declares_every_member() -> None:
+    stub = ast.parse((REPO / "python/torchmon/_core.pyi").read_text())
+    assert _class_vars_of(stub, "Aggregation") == list(Aggregation.__members__)
+
+
+def test_type_checkers_see_every_module_alias() -> None:
+    init = ast.parse((REPO / "python/torchmon/__init__.py").read_text())
+    (block,) = (
+        n
+        for n in init.body
+        if isinstance(n, ast.If) and ast.unparse(n.test) == "TYPE_CHECKING"
+        if any(isinstance(s, ast.Assign) for s in n.body)
+    )
+    aliases = {
+        s.targets[0].id: ast.unparse(s.value)
+        for s in block.body
+        if isinstance(s, ast.Assign) and isinstance(s.targets[0], ast.Name)
+    }
+    assert aliases == {name: f"Aggregation.{name}" for name in Aggregation.__members__}
+
+
+def _stat_event_keys() -> list[str]:
+    events: list[torchmon.Event] = []
+    handle = torchmon.register_event_handler(events.append)
+    try:
+        members = list(Aggregation.__members__.values())
+        stat = torchmon.Stat("s", members, dt.timedelta(hours=1), max_samples=1)
+        stat.add(2.0)
+    finally:
+        torchmon.unregister_event_handler(handle)
+    (event,) = (e for e in events if e.name == torchmon.STAT_EVENT)
+    return list(event.data)
+
+
+def test_event_key_suffixes_are_the_names_the_cli_and_tensorboard_recognise() -> None:
+    from torchmon import cli
+    from torchmon.handlers import tensorboard
+
+    suffixes = [key.removeprefix("s.") for key in _stat_event_keys()]
+    assert suffixes == [name.lower() for name in Aggregation.__members__]
+    assert list(_core._AGGREGATION_KEY_SUFFIXES) == suffixes
+    assert cli._AGGREGATION_NAMES == set(suffixes)
+    assert tensorboard._AGGREGATION_SUFFIXES == set(suffixes)
+
+
+def test_reference_model_has_the_same_members() -> None:
+    from conformance import model
+
+    assert {m.name: m.value for m in model.Aggregation} == {
+        name: m.value for name, m in Aggregation.__members__.items()
+    }

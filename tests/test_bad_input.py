@@ -219,6 +219,101 @@ def test_stat_add_without_argument_is_type_error() -> None:
         stat.add()  # type: ignore[call-arg]
 
 
+# --- Stat.add / log_event argument lists ------------------------------------
+# Both parse their arguments by hand (src/py_entry_points.rs), not through
+# PyO3: these are the messages written there, in CPython's wording.
+
+_STAT = Stat("entry.points", [SUM], SECOND)
+_EVENT = Event("entry.points", TS, {})
+
+
+@pytest.mark.parametrize(
+    ("call", "message"),
+    [
+        (lambda: _STAT.add(), "Stat.add() missing 1 required positional argument: 'v'"),
+        (lambda: _STAT.add(1.0, 2.0), "Stat.add() takes 1 positional argument but 2 were given"),
+        (
+            lambda: Stat.add(_STAT, 1.0, 2.0),
+            "Stat.add() takes 1 positional argument but 2 were given",
+        ),
+        (lambda: _STAT.add(x=1.0), "Stat.add() got an unexpected keyword argument 'x'"),
+        (lambda: _STAT.add(1.0, v=2.0), "Stat.add() got multiple values for argument 'v'"),
+        (
+            lambda: torchmon.log_event(),
+            "log_event() missing 1 required positional argument: 'event'",
+        ),
+        (
+            lambda: torchmon.log_event(_EVENT, _EVENT),
+            "log_event() takes 1 positional argument but 2 were given",
+        ),
+        (
+            lambda: torchmon.log_event(e=_EVENT),
+            "log_event() got an unexpected keyword argument 'e'",
+        ),
+        (
+            lambda: torchmon.log_event(_EVENT, event=_EVENT),
+            "log_event() got multiple values for argument 'event'",
+        ),
+    ],
+    ids=[
+        "add-none",
+        "add-two",
+        "add-unbound-two",
+        "add-unknown-keyword",
+        "add-twice",
+        "log-none",
+        "log-two",
+        "log-unknown-keyword",
+        "log-twice",
+    ],
+)
+def test_hand_parsed_argument_errors_have_the_documented_messages(call: Any, message: str) -> None:
+    with pytest.raises(TypeError) as info:
+        call()
+    assert str(info.value) == message
+
+
+def test_hand_parsed_entry_points_take_their_argument_by_keyword(recorder) -> None:
+    stat = Stat("s", [SUM], SECOND)
+    stat.add(v=2.0)
+    assert stat.count == 1
+    torchmon.log_event(event=_EVENT)
+    assert recorder.events == [_EVENT]
+
+
+def test_python_and_native_argument_errors_share_one_format() -> None:
+    from torchmon._errors import arg_type_error, arg_value_error
+
+    with pytest.raises(TypeError) as native_type:
+        Stat("s", [SUM], "1")  # type: ignore[arg-type]
+    expected = (
+        "Stat(window_size): window_size must be a datetime.timedelta or a float "
+        "number of seconds, not str"
+    )
+    assert str(native_type.value) == expected
+    helper = arg_type_error(
+        "Stat", "window_size", "a datetime.timedelta or a float number of seconds", "1"
+    )
+    assert str(helper) == expected
+    with pytest.raises(ValueError) as native_value:
+        Stat("s", [SUM], math.nan)
+    assert str(native_value.value) == "Stat(window_size): window_size must be finite, not NaN"
+    helper_value = arg_value_error("Stat", "window_size", "must be finite, not NaN")
+    assert str(helper_value) == str(native_value.value)
+    # WaitCounter is written in Python and uses the same format.
+    with pytest.raises(ValueError) as python_value:
+        torchmon.WaitCounter("entry.points", math.nan)
+    assert (
+        str(python_value.value) == "WaitCounter(window_size): window_size must be finite, got nan"
+    )
+    with pytest.raises(TypeError) as python_type:
+        torchmon.WaitCounter("entry.points", "1")  # type: ignore[arg-type]
+    assert str(python_type.value) == (
+        "WaitCounter(window_size): window_size must be a datetime.timedelta or a number "
+        "of seconds, not str"
+    )
+
+
 # --- Event(name) ----------------------------------------------------------------
 
 

@@ -66,13 +66,18 @@ def __dir__() -> list[str]:
     return sorted({*globals(), "handlers", *_FROM_HANDLERS})
 
 
-# torch.monitor exports the members at module level too.
-VALUE = Aggregation.VALUE
-MEAN = Aggregation.MEAN
-COUNT = Aggregation.COUNT
-SUM = Aggregation.SUM
-MAX = Aggregation.MAX
-MIN = Aggregation.MIN
+# torch.monitor exports the members at module level too. They come from the
+# native table of aggregations (src/aggregation.rs); type checkers see the
+# list below, which tests/test_aggregation.py checks names every member.
+if TYPE_CHECKING:
+    VALUE = Aggregation.VALUE
+    MEAN = Aggregation.MEAN
+    COUNT = Aggregation.COUNT
+    SUM = Aggregation.SUM
+    MAX = Aggregation.MAX
+    MIN = Aggregation.MIN
+else:
+    globals().update(Aggregation.__members__)
 
 __all__ = [
     "COUNT",

@@ -2,7 +2,7 @@
 
 from collections.abc import Callable, Iterable, Mapping
 from datetime import date, datetime, time, timedelta
-from types import TracebackType
+from types import MappingProxyType, TracebackType
 from typing import ClassVar, Literal, TypeAlias, final
 
 from typing_extensions import Buffer
@@ -19,6 +19,7 @@ __version__: str
 
 __all__ = [
     "STAT_EVENT",
+    "_AGGREGATION_KEY_SUFFIXES",
     "Aggregation",
     "AsyncEventHandler",
     "Event",
@@ -43,6 +44,9 @@ __all__ = [
 ]
 
 STAT_EVENT: str
+# The suffixes of a Stat event's keys ("<stat name>.<suffix>"), in the order
+# of Aggregation.__members__.
+_AGGREGATION_KEY_SUFFIXES: tuple[str, ...]
 
 @final
 class Aggregation:
@@ -52,6 +56,7 @@ class Aggregation:
     SUM: ClassVar[Aggregation]
     MAX: ClassVar[Aggregation]
     MIN: ClassVar[Aggregation]
+    __members__: ClassVar[MappingProxyType[str, Aggregation]]
     def __new__(cls, value: int | Aggregation) -> Aggregation: ...
     @property
     def name(self) -> str: ...

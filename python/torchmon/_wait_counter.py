@@ -20,6 +20,7 @@ from datetime import timedelta
 from types import TracebackType
 
 from ._core import Aggregation, Stat, _window_ms_of_seconds
+from ._errors import arg_message, arg_type_error, arg_value_error
 from ._forksafe import new_lock
 
 __all__ = ["WaitCounter", "_WaitCounter", "_WaitCounterTracker"]
@@ -57,13 +58,13 @@ def _key_text(key: object, owner: str) -> str:
         try:
             return bytes(key).decode("utf-8")
         except UnicodeDecodeError as exc:
-            raise ValueError(f"{owner}(key): key is not valid UTF-8: {exc}") from None
+            raise arg_value_error(owner, "key", f"is not valid UTF-8: {exc}") from None
     if not isinstance(key, str):
-        raise TypeError(f"{owner}(key): key must be a str, not {type(key).__name__}")
+        raise arg_type_error(owner, "key", "a str", key)
     try:
         key.encode("utf-8")
     except UnicodeEncodeError:
-        raise TypeError(f"{owner}(key): key contains a lone surrogate") from None
+        raise TypeError(arg_message(owner, "key", "contains a lone surrogate")) from None
     return key
 
 
@@ -75,21 +76,20 @@ def _window_ms(window_size: object, owner: str) -> int:
         ms = window_size * 1000
     elif isinstance(window_size, float):
         if not math.isfinite(window_size):
-            raise ValueError(f"{owner}(window_size): must be finite, got {window_size!r}")
+            raise arg_value_error(owner, "window_size", f"must be finite, got {window_size!r}")
         # Stat's own conversion (docs/api.md): the decimal that repr shows,
         # truncated, so that 1.001 s is 1001 ms in both.
         ms = _window_ms_of_seconds(window_size)
     else:
-        raise TypeError(
-            f"{owner}(window_size): must be a datetime.timedelta or a number of seconds, "
-            f"not {type(window_size).__name__}"
+        raise arg_type_error(
+            owner, "window_size", "a datetime.timedelta or a number of seconds", window_size
         )
     if ms < 1:
-        raise ValueError(
-            f"{owner}(window_size): must be at least 1 millisecond, got {window_size!r}"
+        raise arg_value_error(
+            owner, "window_size", f"must be at least 1 millisecond, got {window_size!r}"
         )
     if ms > _MAX_WINDOW_MS:  # WaitCounter.window_size is a timedelta
-        raise ValueError(f"{owner}(window_size): too large, got {window_size!r} s")
+        raise arg_value_error(owner, "window_size", f"is too large, got {window_size!r} s")
     return int(ms)
 
 
@@ -108,10 +108,12 @@ def _stat_for(key: str, window_ms: int | None, owner: str) -> tuple[int, Stat]:
             return entry
     existing_ms = entry[0]
     if window_ms is not None and existing_ms != window_ms:
-        raise ValueError(
-            f"{owner}(window_size): the counter {key!r} already exists with a window of "
+        raise arg_value_error(
+            owner,
+            "window_size",
+            f"must match the counter {key!r}, which already exists with a window of "
             f"{timedelta(milliseconds=existing_ms)}, not {timedelta(milliseconds=window_ms)} "
-            "(a key names one process-wide Stat)"
+            "(a key names one process-wide Stat)",
         )
     return entry
 

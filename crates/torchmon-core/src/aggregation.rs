@@ -1,53 +1,144 @@
-//! The aggregations a Stat can report, with torch.monitor's C++ enum values.
+//! The aggregations a Stat can report, defined once in [`TABLE`].
+//!
+//! Everything else follows from the table: the Python enum's members, values
+//! and messages (py_aggregation.rs), the module-level aliases and the names
+//! the CLI and the TensorBoard sink recognise in event keys (python/torchmon),
+//! and which accumulators a window keeps ([`Needs::of`]). Adding an
+//! aggregation is a row here, its read-out in `WindowStats::get` (stat.rs,
+//! which the compiler points to), and its line in the Python stubs
+//! (tests/test_aggregation.py checks that they agree).
 
-/// One aggregation. The discriminants are the C++ `torch::monitor::Aggregation`
-/// values (torch's Python binding maps VALUE to 0 by mistake; we do not).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum Aggregation {
-    Value = 1,
-    Mean = 2,
-    Count = 3,
-    Sum = 4,
-    Max = 5,
-    Min = 6,
+/// The accumulators of a window that an aggregation reads (the sample count
+/// is always kept); a window skips those no configured aggregation reads.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Needs {
+    pub sum: bool,
+    pub min: bool,
+    pub max: bool,
+    pub last: bool,
 }
 
+impl Needs {
+    pub const COUNT_ONLY: Needs = Needs {
+        sum: false,
+        min: false,
+        max: false,
+        last: false,
+    };
+    pub const SUM: Needs = Needs {
+        sum: true,
+        ..Needs::COUNT_ONLY
+    };
+    pub const MIN: Needs = Needs {
+        min: true,
+        ..Needs::COUNT_ONLY
+    };
+    pub const MAX: Needs = Needs {
+        max: true,
+        ..Needs::COUNT_ONLY
+    };
+    pub const LAST: Needs = Needs {
+        last: true,
+        ..Needs::COUNT_ONLY
+    };
+
+    /// What a Stat reporting `aggregations` must accumulate.
+    pub fn of(aggregations: &[Aggregation]) -> Needs {
+        aggregations
+            .iter()
+            .fold(Needs::COUNT_ONLY, |all, a| all.union(a.row().needs))
+    }
+
+    fn union(self, other: Needs) -> Needs {
+        Needs {
+            sum: self.sum || other.sum,
+            min: self.min || other.min,
+            max: self.max || other.max,
+            last: self.last || other.last,
+        }
+    }
+}
+
+/// One row of [`TABLE`].
+#[derive(Debug)]
+pub struct Row {
+    pub aggregation: Aggregation,
+    /// Member name, as Python shows it (`Aggregation.SUM`, `torchmon.SUM`).
+    pub name: &'static str,
+    /// The suffix of this aggregation's key in a Stat event (`loss.sum`).
+    pub key_suffix: &'static str,
+    pub needs: Needs,
+}
+
+/// Declares the enum and the table from one list, so neither can miss a row.
+macro_rules! aggregation_table {
+    ($($variant:ident = $value:literal, $name:literal, $suffix:literal, $needs:expr;)+) => {
+        /// One aggregation. The discriminants are the C++
+        /// `torch::monitor::Aggregation` values (torch's Python binding maps
+        /// VALUE to 0 by mistake; we do not).
+        #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+        pub enum Aggregation {
+            $($variant = $value,)+
+        }
+
+        /// Every aggregation, in value order.
+        pub const TABLE: &[Row] = &[
+            $(Row {
+                aggregation: Aggregation::$variant,
+                name: $name,
+                key_suffix: $suffix,
+                needs: $needs,
+            },)+
+        ];
+    };
+}
+
+aggregation_table! {
+    // variant = C++ value, Python name, event-key suffix, accumulators read
+    Value = 1, "VALUE", "value", Needs::LAST;
+    Mean = 2, "MEAN", "mean", Needs::SUM;
+    Count = 3, "COUNT", "count", Needs::COUNT_ONLY;
+    Sum = 4, "SUM", "sum", Needs::SUM;
+    Max = 5, "MAX", "max", Needs::MAX;
+    Min = 6, "MIN", "min", Needs::MIN;
+}
+
+// `Aggregation::row` indexes the table by value, and the Python enum's error
+// message gives the valid values as a range: both need the values to run
+// without a gap, in table order.
+const _: () = {
+    let mut i = 0;
+    while i < TABLE.len() {
+        assert!(TABLE[i].aggregation as usize == TABLE[0].aggregation as usize + i);
+        i += 1;
+    }
+};
+
 impl Aggregation {
-    pub const ALL: [Aggregation; 6] = [
-        Aggregation::Value,
-        Aggregation::Mean,
-        Aggregation::Count,
-        Aggregation::Sum,
-        Aggregation::Max,
-        Aggregation::Min,
-    ];
+    /// The smallest and the largest valid value.
+    pub const VALUE_RANGE: (i64, i64) = (
+        TABLE[0].aggregation as i64,
+        TABLE[TABLE.len() - 1].aggregation as i64,
+    );
 
     pub fn from_value(value: i64) -> Option<Self> {
-        Self::ALL.into_iter().find(|a| *a as i64 == value)
+        let index = value.checked_sub(Self::VALUE_RANGE.0)?;
+        let row = TABLE.get(usize::try_from(index).ok()?)?;
+        Some(row.aggregation)
+    }
+
+    pub fn row(self) -> &'static Row {
+        &TABLE[self as usize - TABLE[0].aggregation as usize]
     }
 
     /// Member name, as Python shows it (`Aggregation.SUM`).
     pub fn name(self) -> &'static str {
-        match self {
-            Aggregation::Value => "VALUE",
-            Aggregation::Mean => "MEAN",
-            Aggregation::Count => "COUNT",
-            Aggregation::Sum => "SUM",
-            Aggregation::Max => "MAX",
-            Aggregation::Min => "MIN",
-        }
+        self.row().name
     }
 
     /// The suffix used in Stat event keys (`loss.sum`).
     pub fn key_suffix(self) -> &'static str {
-        match self {
-            Aggregation::Value => "value",
-            Aggregation::Mean => "mean",
-            Aggregation::Count => "count",
-            Aggregation::Sum => "sum",
-            Aggregation::Max => "max",
-            Aggregation::Min => "min",
-        }
+        self.row().key_suffix
     }
 }
 
@@ -57,10 +148,50 @@ mod tests {
 
     #[test]
     fn values_match_the_cpp_enum() {
-        let values: Vec<i64> = Aggregation::ALL.iter().map(|a| *a as i64).collect();
+        let values: Vec<i64> = TABLE.iter().map(|r| r.aggregation as i64).collect();
         assert_eq!(values, [1, 2, 3, 4, 5, 6]);
+        assert_eq!(Aggregation::VALUE_RANGE, (1, 6));
         assert_eq!(Aggregation::from_value(4), Some(Aggregation::Sum));
         assert_eq!(Aggregation::from_value(0), None);
         assert_eq!(Aggregation::from_value(7), None);
+        assert_eq!(Aggregation::from_value(i64::MIN), None);
+        assert_eq!(Aggregation::from_value(i64::MAX), None);
+    }
+
+    #[test]
+    fn every_row_is_found_by_its_value_and_names_are_distinct() {
+        for row in TABLE {
+            let found = Aggregation::from_value(row.aggregation as i64).unwrap();
+            assert_eq!(found, row.aggregation);
+            assert_eq!(found.row().name, row.name);
+            assert_eq!(TABLE.iter().filter(|r| r.name == row.name).count(), 1);
+            let suffixes = TABLE.iter().filter(|r| r.key_suffix == row.key_suffix);
+            assert_eq!(suffixes.count(), 1);
+        }
+        assert_eq!(Aggregation::Sum.name(), "SUM");
+        assert_eq!(Aggregation::Value.key_suffix(), "value");
+    }
+
+    #[test]
+    fn needs_are_the_union_of_what_each_aggregation_reads() {
+        assert_eq!(Needs::of(&[]), Needs::COUNT_ONLY);
+        assert_eq!(Needs::of(&[Aggregation::Count]), Needs::COUNT_ONLY);
+        assert_eq!(Needs::of(&[Aggregation::Mean]), Needs::SUM);
+        let all: Vec<Aggregation> = TABLE.iter().map(|r| r.aggregation).collect();
+        let every = Needs {
+            sum: true,
+            min: true,
+            max: true,
+            last: true,
+        };
+        assert_eq!(Needs::of(&all), every);
+        assert_eq!(
+            Needs::of(&[Aggregation::Value, Aggregation::Max]),
+            Needs {
+                last: true,
+                max: true,
+                ..Needs::COUNT_ONLY
+            }
+        );
     }
 }

@@ -7,20 +7,10 @@ import math
 from collections.abc import Iterable
 from typing import Any, TextIO
 
-from .._core import STAT_EVENT, Aggregation, Event
+from .._core import _AGGREGATION_KEY_SUFFIXES, STAT_EVENT, Aggregation, Event
 from ._common import _EXIT_OK, _read_log
 
-_AGGREGATION_NAMES = frozenset(
-    agg.name.lower()
-    for agg in (
-        Aggregation.VALUE,
-        Aggregation.MEAN,
-        Aggregation.COUNT,
-        Aggregation.SUM,
-        Aggregation.MAX,
-        Aggregation.MIN,
-    )
-)
+_AGGREGATION_NAMES = frozenset(_AGGREGATION_KEY_SUFFIXES)
 
 
 def _split_stat_key(key: str) -> tuple[str, str]:

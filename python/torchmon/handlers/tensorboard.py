@@ -5,7 +5,7 @@ from __future__ import annotations
 import operator
 from typing import Any, Callable, Protocol, Union
 
-from .._core import STAT_EVENT, Event
+from .._core import _AGGREGATION_KEY_SUFFIXES, STAT_EVENT, Event
 from .._flush import _register_flushable
 from .._forksafe import new_lock
 from . import _tbx_drain
@@ -20,7 +20,7 @@ StepOption = Union[str, Callable[[], int], None]
 
 _LAYOUTS = ("torch", "grouped")
 # The suffixes a Stat event's keys end with ("<stat name>.<aggregation>").
-_AGGREGATION_SUFFIXES = frozenset(("value", "mean", "count", "sum", "max", "min"))
+_AGGREGATION_SUFFIXES = frozenset(_AGGREGATION_KEY_SUFFIXES)
 
 
 class _ScalarWriter(Protocol):

@@ -4,7 +4,7 @@
 //! decided in `stat` (the window switch).
 
 use super::WindowStats;
-use crate::aggregation::Aggregation;
+use crate::aggregation::Needs;
 use crate::sync::{AtomicU64, Ordering};
 
 /// Placeholder for "no sample yet" in the min/max cells.
@@ -20,31 +20,6 @@ fn sample_bits(v: f64) -> u64 {
         CANONICAL_NAN_BITS
     } else {
         bits
-    }
-}
-
-/// Which accumulators the configured aggregations read; the others are skipped.
-#[derive(Clone, Copy, Debug, Default)]
-pub(super) struct Needs {
-    sum: bool,
-    min: bool,
-    max: bool,
-    last: bool,
-}
-
-impl Needs {
-    pub(super) fn of(aggregations: &[Aggregation]) -> Self {
-        let mut needs = Needs::default();
-        for a in aggregations {
-            match a {
-                Aggregation::Value => needs.last = true,
-                Aggregation::Mean | Aggregation::Sum => needs.sum = true,
-                Aggregation::Max => needs.max = true,
-                Aggregation::Min => needs.min = true,
-                Aggregation::Count => {}
-            }
-        }
-        needs
     }
 }
 

@@ -27,9 +27,9 @@
 
 mod accumulators;
 
-use crate::aggregation::Aggregation;
+use crate::aggregation::{Aggregation, Needs};
 use crate::sync::{AtomicI64, AtomicU64, Mutex, Ordering, spin_wait};
-use accumulators::{Needs, Phase};
+use accumulators::Phase;
 
 const PHASE_BIT: u64 = 1 << 63;
 const DROP_BIT: u64 = 1 << 62;

@@ -1,14 +1,27 @@
 //! Hand-written entry points for the calls of the hot path: `Stat.add`,
-//! `log_event` and the `Event(...)` constructor.
+//! `log_event` (`METH_FASTCALL | METH_KEYWORDS` functions) and the
+//! `Event(...)` constructor (a vectorcall on the type).
 //!
 //! PyO3's generated wrappers cost ~115 instructions per call here (its
 //! trampoline, the generic argument extraction, the fastcall shim: measured
 //! with callgrind, docs/performance.md), as many as the body of `Stat.add`
-//! itself. These `METH_FASTCALL | METH_KEYWORDS` functions take the common
-//! call (one positional argument of the expected type, and for `add` no window
-//! closing) straight to the core, and hand everything else, keywords and
-//! errors included, to the ordinary PyO3 code path under `Python::attach`, so
-//! behaviour and error messages stay those of the rest of the module.
+//! itself. These functions take the common call (one positional argument of
+//! the expected type, and for `add` no window closing) straight to the core.
+//! Any other call goes through PyO3's bookkeeping (`Python::attach`), with
+//! these differences from a PyO3 wrapper:
+//!
+//! - `Stat.add` and `log_event` parse their arguments themselves
+//!   ([`single_argument`]), so a wrong count or keyword gets the messages
+//!   written there, in CPython's own wording for a Python function:
+//!   `Stat.add() missing 1 required positional argument: 'v'`,
+//!   `... takes 1 positional argument but 2 were given`,
+//!   `... got an unexpected keyword argument 'x'`,
+//!   `... got multiple values for argument 'v'` (pinned by
+//!   tests/test_bad_input.py). A wrong value type is reported by the same
+//!   bodies as elsewhere (`Stat::add_value`, `log_event_checked`).
+//! - `Event(...)` with keywords or a wrong count is handed to
+//!   `type.__call__`, so its errors are PyO3's (`Event.__new__() missing 2
+//!   required positional arguments: ...`).
 
 use std::ffi::CStr;
 use std::panic::{AssertUnwindSafe, catch_unwind};
