@@ -7,7 +7,7 @@ import math
 from collections.abc import Iterable
 from typing import Any, TextIO
 
-from .._core import _AGGREGATION_KEY_SUFFIXES, STAT_EVENT, Aggregation, Event
+from .._core import _AGGREGATION_KEY_SUFFIXES, STAT_EVENT, Event
 from ._common import _EXIT_OK, _read_log
 
 _AGGREGATION_NAMES = frozenset(_AGGREGATION_KEY_SUFFIXES)
