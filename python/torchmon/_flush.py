@@ -17,21 +17,25 @@ import types
 import weakref
 from collections.abc import Iterable
 from types import FrameType
-from typing import TYPE_CHECKING, Any, Callable, Protocol, Union
 
 from . import _core
 
+# typing costs about 9 ms of `import torchmon` (docs/performance.md): its
+# names are for type checkers only here, as in the package's __init__.
+TYPE_CHECKING = False
 if TYPE_CHECKING:
     import signal
+    from typing import Any, Callable, Protocol, Union
+
+    class _Flushable(Protocol):
+        def flush(self) -> None: ...
+
+    _Handler = Union[Callable[[int, Union[FrameType, None]], Any], int, signal.Handlers, None]
 
 # ``signal`` is imported where it is used: it costs about 1 ms, 2% of
 # ``import torchmon``, for an opt-in feature.
 
 __all__ = ["SignalFlush", "flush", "flush_on_signals"]
-
-
-class _Flushable(Protocol):
-    def flush(self) -> None: ...
 
 
 # Sinks that buffer what they were handed (TensorboardEventHandler): their
@@ -200,8 +204,6 @@ def _report_unraisable(exc: BaseException, obj: object, message: str) -> None:
 
 
 # --- flush_on_signals -------------------------------------------------------
-
-_Handler = Union[Callable[[int, Union[FrameType, None]], Any], int, "signal.Handlers", None]
 
 # How long a signal's flush may take before the signal goes on regardless.
 _SIGNAL_FLUSH_TIMEOUT = 10.0
