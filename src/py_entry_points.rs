@@ -17,7 +17,7 @@
 //!   `... takes 1 positional argument but 2 were given`,
 //!   `... got an unexpected keyword argument 'x'`,
 //!   `... got multiple values for argument 'v'` (pinned by
-//!   tests/test_bad_input.py). A wrong value type is reported by the same
+//!   tests/api/test_bad_input.py). A wrong value type is reported by the same
 //!   bodies as elsewhere (`Stat::add_value`, `log_event_checked`).
 //! - `Event(...)` with keywords or a wrong count is handed to
 //!   `type.__call__`, so its errors are PyO3's (`Event.__new__() missing 2

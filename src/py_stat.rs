@@ -602,7 +602,7 @@ fn add_iterable(core: &CoreStat, values: &Bound<'_, PyAny>) -> PyResult<Closed> 
         )
     })?;
     // `len()` is only a hint: a hostile `__len__` (10**12) would make the
-    // reservation abort the process (tests/test_hostile_input.py).
+    // reservation abort the process (tests/robustness/test_hostile_input.py).
     const RESERVE_AT_MOST: usize = 1 << 16;
     let mut samples = Vec::with_capacity(values.len().unwrap_or(0).min(RESERVE_AT_MOST));
     for (index, value) in iterator.enumerate() {

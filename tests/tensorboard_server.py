@@ -1,5 +1,5 @@
 """A TensorBoard server in a child process, for the tests that look at what it
-serves (tests/test_tensorboard_server.py, tests/test_demo_first_run.py)."""
+serves (tests/sinks/test_tensorboard_server.py, tests/user/test_demo_first_run.py)."""
 
 from __future__ import annotations
 

@@ -68,7 +68,7 @@ def __dir__() -> list[str]:
 
 # torch.monitor exports the members at module level too. They come from the
 # native table of aggregations (src/aggregation.rs); type checkers see the
-# list below, which tests/test_aggregation.py checks names every member.
+# list below, which tests/api/test_aggregation.py checks names every member.
 if TYPE_CHECKING:
     VALUE = Aggregation.VALUE
     MEAN = Aggregation.MEAN

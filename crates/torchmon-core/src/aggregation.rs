@@ -6,7 +6,7 @@
 //! and which accumulators a window keeps ([`Needs::of`]). Adding an
 //! aggregation is a row here, its read-out in `WindowStats::get` (stat.rs,
 //! which the compiler points to), and its line in the Python stubs
-//! (tests/test_aggregation.py checks that they agree).
+//! (tests/api/test_aggregation.py checks that they agree).
 
 /// The accumulators of a window that an aggregation reads (the sample count
 /// is always kept); a window skips those no configured aggregation reads.

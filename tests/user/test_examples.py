@@ -16,7 +16,7 @@ import pytest
 
 import torchmon
 
-EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
 
 def run_example(name: str, *args: str, cwd: Path, timeout: float = 120.0) -> str:

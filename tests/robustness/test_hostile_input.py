@@ -437,7 +437,10 @@ def test_hostile_input_in_a_subprocess(tmp_path: Path) -> None:
         os.environ,
         TORCHMON_HOSTILE_INNER="1",
         TORCHMON_HOSTILE_COUNT_FILE=str(count_file),
-        PYTHONPATH=os.pathsep.join([str(Path(__file__).parent), os.environ.get("PYTHONPATH", "")]),
+        # tests/, for the child's `from support import ...`
+        PYTHONPATH=os.pathsep.join(
+            [str(Path(__file__).parents[1]), os.environ.get("PYTHONPATH", "")]
+        ),
     )
     try:
         proc = subprocess.run(
@@ -450,9 +453,9 @@ def test_hostile_input_in_a_subprocess(tmp_path: Path) -> None:
                 "-q",
                 "-x",
                 "--rootdir",
-                str(Path(__file__).parents[1]),
+                str(Path(__file__).parents[2]),
                 "-c",
-                str(Path(__file__).parents[1] / "pyproject.toml"),
+                str(Path(__file__).parents[2] / "pyproject.toml"),
                 str(Path(__file__)),
             ],
             capture_output=True,

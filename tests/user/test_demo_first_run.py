@@ -16,7 +16,7 @@ from tensorboard_server import Server
 
 from torchmon.handlers.jsonl import read_jsonl
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 def venv_root() -> Path:

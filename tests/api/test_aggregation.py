@@ -130,7 +130,7 @@ def test_member_is_an_instance_of_aggregation() -> None:
 # from one table in the native core (src/aggregation.rs); these tests check
 # that every place that must list them agrees with it.
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 
 
 def test_members_mapping_lists_every_member_in_value_order() -> None:

@@ -24,7 +24,7 @@ pytestmark = pytest.mark.skipif(
     importlib.util.find_spec("torch") is None, reason="needs torch (the job is a torch job)"
 )
 
-JOB = Path(__file__).resolve().parents[1] / "examples" / "preemptible_training.py"
+JOB = Path(__file__).resolve().parents[2] / "examples" / "preemptible_training.py"
 STEPS = 20
 TIMEOUT = 120.0
 

@@ -1,20 +1,22 @@
 """Handler faults (docs/reliability.md, "Handler faults") not already pinned elsewhere.
 
-Already covered, not repeated here:
-- an exception in a handler during ``log_event``: test_handlers.py
-  ``test_every_handler_runs_and_the_first_exception_is_raised``, test_divergences.py
+Already covered, not repeated here (paths under tests/):
+- an exception in a handler during ``log_event``: api/test_handlers.py
+  ``test_every_handler_runs_and_the_first_exception_is_raised``, conformance/test_divergences.py
   ``test_a_handler_raises_every_handler_still_runs_log_event``;
-- during ``add`` (max_samples and time closes): test_divergences.py
+- during ``add`` (max_samples and time closes): conformance/test_divergences.py
   ``test_a_handler_raises_every_handler_still_runs_add_flush``,
-  ``..._two_raisers_in_add_first_exception_wins``, test_handlers.py
-  ``test_stat_close_runs_every_handler_and_raises_the_first``, test_stat.py
+  ``..._two_raisers_in_add_first_exception_wins``, api/test_handlers.py
+  ``test_stat_close_runs_every_handler_and_raises_the_first``, api/test_stat.py
   ``test_handler_exception_on_*_close_*``;
-- during ``del stat``: test_divergences.py ``test_a_handler_raises_while_a_stat_is_destroyed_*``;
-- at interpreter exit (one Stat): test_exit_and_destruction.py
+- during ``del stat``: conformance/test_divergences.py
+  ``test_a_handler_raises_while_a_stat_is_destroyed_*``;
+- at interpreter exit (one Stat): robustness/test_exit_and_destruction.py
   ``test_handler_raising_at_exit_is_reported_and_exit_code_is_zero``;
 - KeyboardInterrupt raised by the *last* handler wins over an earlier ordinary
-  exception: test_handlers.py ``test_keyboard_interrupt_wins_over_an_earlier_ordinary_exception``;
-- a handler unregistering itself during a ``log_event`` dispatch: test_handlers.py
+  exception: api/test_handlers.py
+  ``test_keyboard_interrupt_wins_over_an_earlier_ordinary_exception``;
+- a handler unregistering itself during a ``log_event`` dispatch: api/test_handlers.py
   ``test_handler_can_unregister_itself``, ``..._then_inner_call_skips_it``.
 
 Here: KeyboardInterrupt / SystemExit raised by an *early* handler (the later

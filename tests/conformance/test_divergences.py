@@ -25,16 +25,16 @@ import multiprocessing
 import pickle
 import subprocess
 import sys
-from pathlib import Path
 from typing import Any
 
 import pytest
-from conformance import model
-from support import run_python
+from support import CONFORMANCE, run_python
 
 import torchmon
 from torchmon import Aggregation, Event, Stat
 from torchmon.testing import ManualClock
+
+from . import model
 
 W = dt.timedelta(hours=100)  # no window ever closes by time
 TS = dt.datetime(2020, 6, 1, 12, 0, 0, 123456)
@@ -1047,9 +1047,8 @@ def test_equality_and_hashing_stay_by_identity():
 # The shared divergence vectors, against the reference model
 # ---------------------------------------------------------------------------
 
-_CONFORMANCE = Path(__file__).resolve().parents[2] / "shared" / "conformance"
-_REPLAY = _CONFORMANCE / "replay.py"
-_DIVERGENCE = _CONFORMANCE / "torch-2.13-divergence-vectors.jsonl"
+_REPLAY = CONFORMANCE / "replay.py"
+_DIVERGENCE = CONFORMANCE / "torch-2.13-divergence-vectors.jsonl"
 
 
 def _load_replay() -> Any:
