@@ -12,11 +12,15 @@ from hypothesis import HealthCheck, settings
 import torchmon
 
 # ci: the fixed-seed run CI always does; ci-random: the same size, random seed;
+# ci-light: CI's run on the Pythons besides 3.11 (.ci/pythons), fixed seed: the
+# properties are the Rust core's and the reference model's, the same on every
+# interpreter, and 3.11 searches them at full size twice;
 # deep: a long hunt for counterexamples (see README, "Development").
 # deep-part: one of the seeded 2,000-example parts of .ci/deep-conformance.
 _LONG_RUN = dict(deadline=None, suppress_health_check=[HealthCheck.too_slow], print_blob=True)
 settings.register_profile("ci", max_examples=500, derandomize=True, **_LONG_RUN)
 settings.register_profile("ci-random", max_examples=500, **_LONG_RUN)
+settings.register_profile("ci-light", max_examples=100, derandomize=True, **_LONG_RUN)
 settings.register_profile("deep", max_examples=20_000, **_LONG_RUN)
 settings.register_profile("deep-part", max_examples=2_000, **_LONG_RUN)
 settings.register_profile("dev", max_examples=100, deadline=None)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -136,6 +137,11 @@ def test_stat_in_a_daemon_threads_frame_is_emitted_at_exit(tmp_path):
     assert events == [stat_event({"daemon.sum": 6.0, "daemon.min": -1.0})]
 
 
+@pytest.mark.skipif(
+    (3, 12) <= sys.version_info[:3] < (3, 12, 3),
+    reason="CPython 3.12.0-3.12.2 start no thread at exit, and tensorboardX's writer "
+    "starts one at its first write (docs/compatibility.md)",
+)
 def test_tensorboardx_writer_created_after_import_gets_the_exit_flush(tmp_path):
     """tensorboardX closes its writers from atexit; the exit flush must come first."""
     pytest.importorskip("tensorboardX")

@@ -7,6 +7,7 @@ import math
 import re
 import subprocess
 import sys
+import time
 from datetime import datetime, timedelta
 from pathlib import Path
 
@@ -424,6 +425,23 @@ def test_to_tensorboard_refuses_a_logdir_with_event_files_unless_append(tmp_path
     # Other files (a JSON-lines log, a run in a subdirectory) are no reason to refuse.
     assert main(["to-tensorboard", str(log), str(tmp_path / "tb" / "run1")]) == 0
     assert main(["to-tensorboard", str(log), str(tmp_path)]) == 0
+
+
+def test_to_tensorboard_append_in_the_same_second_keeps_both_files(tmp_path, monkeypatch):
+    """tensorboardX names an event file after the second and the host only: an
+    --append conversion started in the second of the previous one must not
+    overwrite it (docs/cli.md, --append writes beside the files)."""
+    log = tmp_path / "log.jsonl"
+    write_log(log, [stat_event(i, {"a.sum": float(i)}) for i in range(3)])
+    out_dir = tmp_path / "tb"
+    frozen = time.time()
+    monkeypatch.setattr(time, "time", lambda: frozen)
+    assert main(["to-tensorboard", str(log), str(out_dir)]) == 0
+    assert main(["to-tensorboard", str(log), str(out_dir), "--append"]) == 0
+    monkeypatch.undo()
+    assert len(list(out_dir.iterdir())) == 2
+    points = sorted((s, v) for s, _, v in read_scalars(out_dir)["a.sum"])
+    assert points == [(1, 0), (1, 0), (2, 1), (2, 1), (3, 2), (3, 2)]
 
 
 def test_to_tensorboard_logdir_that_is_a_file_or_cannot_be_created(tmp_path):

@@ -5,6 +5,8 @@ they report, reading a JSON-lines log, and the TensorBoard writer and handler
 from __future__ import annotations
 
 import importlib
+import itertools
+import os
 from pathlib import Path
 from typing import Any
 
@@ -55,6 +57,9 @@ def _read_log(path: str, errors: str) -> tuple[list[Event], int, str | None]:
     return events, reader.skipped, reader.first_skipped
 
 
+_writer_ids = itertools.count()
+
+
 def _summary_writer(logdir: str) -> Any:
     try:
         module = importlib.import_module("tensorboardX")
@@ -63,7 +68,12 @@ def _summary_writer(logdir: str) -> Any:
             "writing TensorBoard files needs tensorboardX: pip install tensorboardX tensorboard "
             "(in a torchmon checkout: pip install '.[tensorboard]')"
         ) from None
-    return module.SummaryWriter(logdir=logdir)
+    # tensorboardX names the file after the second and the host only, and
+    # opens it with "wb": a second writer into LOGDIR in the same second
+    # (to-tensorboard --append) would replace the first's file. The pid and a
+    # per-process count make the name unique, as torch's SummaryWriter does.
+    suffix = f".{os.getpid()}.{next(_writer_ids)}"
+    return module.SummaryWriter(logdir=logdir, filename_suffix=suffix)
 
 
 def _tensorboard_handler(writer: Any, *, step_field: str | None, layout: str = "torch") -> Any:
