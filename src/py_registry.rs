@@ -6,11 +6,7 @@ use pyo3::prelude::*;
 use crate::py_convert::arg_type_error;
 use crate::py_event::Event;
 use crate::py_gil_cell::GilCell;
-#[cfg(not(Py_3_14))]
-use std::time::Duration;
-#[cfg(not(Py_3_14))]
-use torchmon_core::exit_gate::ExitGate;
-use torchmon_core::registry::{Registry, Snapshot};
+use torchmon_core::registry::Registry;
 
 /// A registered callback. `unregister_event_handler` takes it out, so that
 /// it is freed then, although the registry keeps the entry itself until its
@@ -21,107 +17,213 @@ type Callback = GilCell<Option<Py<PyAny>>>;
 
 static HANDLERS: Registry<Callback> = Registry::new();
 
-/// Closed at interpreter exit (see `exit_gate`). CPython 3.14 hangs late
-/// threads instead of ending them with `pthread_exit` (gh-87135), so from 3.14
-/// on the gate is not used; PyO3 supports free-threaded builds only from 3.14.
-#[cfg(not(Py_3_14))]
-static EXIT_GATE: ExitGate = ExitGate::new();
-
-/// How long the exiting thread waits for other threads' dispatches to end.
-#[cfg(not(Py_3_14))]
-const EXIT_WAIT: Duration = Duration::from_secs(2);
-
-/// `HANDLERS`' current list as GIL-build dispatch takes it.
+/// How dispatch reaches the current list of handlers: one variant per kind
+/// of build, so that neither is interleaved with the other.
+///
+/// On GIL builds, `HANDLERS`' current list is published as one Python
+/// object, replaced with the GIL held whenever the list changes (registration
+/// holds the GIL throughout, so it always matches the list). Dispatch takes
+/// it with a `Py_INCREF` instead of the registry lock and an `Arc` count:
+/// four atomic read-modify-writes (~40 ns here) fewer per `log_event`.
 #[cfg(not(Py_GIL_DISABLED))]
-#[pyclass(frozen)]
-struct DispatchList {
-    snapshot: Snapshot<Callback>,
-}
+mod published {
+    use super::{Callback, HANDLERS};
+    use crate::py_gil_cell::GilCell;
+    use pyo3::prelude::*;
+    use torchmon_core::registry::Snapshot;
 
-/// On GIL builds, `HANDLERS`' current list, replaced with the GIL held
-/// whenever the list changes (registration holds the GIL throughout, so it
-/// always matches the list). Dispatch takes it with a `Py_INCREF` instead of
-/// the registry lock and an `Arc` count: four atomic read-modify-writes
-/// (~40 ns here) fewer per `log_event`.
-#[cfg(not(Py_GIL_DISABLED))]
-static DISPATCH_LIST: GilCell<Option<Py<DispatchList>>> = GilCell::new(None);
+    /// `HANDLERS`' current list as dispatch takes it.
+    #[pyclass(frozen)]
+    pub struct DispatchList {
+        snapshot: Snapshot<Callback>,
+    }
 
-/// The handlers to call for one event, in registration order.
-pub struct Handlers {
-    #[cfg(not(Py_GIL_DISABLED))]
-    list: Py<DispatchList>,
-    #[cfg(Py_GIL_DISABLED)]
-    list: Snapshot<Callback>,
-}
+    static DISPATCH_LIST: GilCell<Option<Py<DispatchList>>> = GilCell::new(None);
 
-impl Handlers {
-    #[inline]
-    fn snapshot(&self) -> &Snapshot<Callback> {
-        #[cfg(not(Py_GIL_DISABLED))]
-        {
+    /// The handlers to call for one event, in registration order.
+    pub struct Handlers {
+        list: Py<DispatchList>,
+    }
+
+    impl Handlers {
+        #[inline]
+        pub fn snapshot(&self) -> &Snapshot<Callback> {
             &self.list.get().snapshot
         }
-        #[cfg(Py_GIL_DISABLED)]
-        {
-            &self.list
+    }
+
+    /// What a change replaced, to be dropped by the caller.
+    pub type Republished = Option<Py<DispatchList>>;
+
+    /// Creates the dispatch list's type at import rather than at the first
+    /// registration (see `py_convert::init_lazy`).
+    pub fn init_lazy(py: Python<'_>) {
+        py.get_type::<DispatchList>();
+    }
+
+    /// The handlers registered now (`None`: there are none).
+    #[inline]
+    pub fn current(py: Python<'_>) -> Option<Handlers> {
+        DISPATCH_LIST.get(py).map(|list| Handlers { list })
+    }
+
+    /// Publishes `HANDLERS`' current list to dispatch after it changed;
+    /// returns the replaced one, to be dropped by the caller.
+    ///
+    /// It allocates one object, whatever the number of handlers (a change
+    /// costs O(1) amortized: docs/performance.md). Allocating may run the
+    /// garbage collector and with it Python code (a `__del__` that registers
+    /// a handler, or a switch to another thread that does): a list taken
+    /// before a change made meanwhile is taken again, so the one published
+    /// always matches the current list.
+    pub fn publish(py: Python<'_>) -> PyResult<Republished> {
+        loop {
+            let snapshot = HANDLERS.snapshot();
+            let list = match &snapshot {
+                None => None,
+                Some(snapshot) => Some(Py::new(
+                    py,
+                    DispatchList {
+                        snapshot: snapshot.clone(),
+                    },
+                )?),
+            };
+            let unchanged = match (&snapshot, HANDLERS.snapshot()) {
+                (None, None) => true,
+                (Some(built), Some(now)) => built.same_as(&now),
+                _ => false,
+            };
+            if unchanged {
+                return Ok(DISPATCH_LIST.replace(py, list));
+            }
         }
     }
 }
 
-/// Creates the dispatch list's type at import rather than at the first
-/// registration (see `py_convert::init_lazy`).
+/// On free-threaded builds dispatch takes the registry's snapshot itself
+/// (there is no GIL to publish a Python object under).
+#[cfg(Py_GIL_DISABLED)]
+mod published {
+    use super::{Callback, HANDLERS};
+    use pyo3::prelude::*;
+    use torchmon_core::registry::Snapshot;
+
+    /// The handlers to call for one event, in registration order.
+    pub struct Handlers {
+        list: Snapshot<Callback>,
+    }
+
+    impl Handlers {
+        #[inline]
+        pub fn snapshot(&self) -> &Snapshot<Callback> {
+            &self.list
+        }
+    }
+
+    /// Nothing is published, so nothing is replaced.
+    pub type Republished = ();
+
+    pub fn init_lazy(_py: Python<'_>) {}
+
+    /// The handlers registered now (`None`: there are none).
+    #[inline]
+    pub fn current(_py: Python<'_>) -> Option<Handlers> {
+        HANDLERS.snapshot().map(|list| Handlers { list })
+    }
+
+    /// Dispatch reads the registry directly: nothing to publish.
+    pub fn publish(_py: Python<'_>) -> PyResult<Republished> {
+        Ok(())
+    }
+}
+
+/// The exit gate as dispatch and the exit step use it: one variant for the
+/// CPython versions that need it, one for those that do not.
+///
+/// The gate is closed at interpreter exit (see `exit_gate`). CPython 3.14
+/// hangs late threads instead of ending them with `pthread_exit`
+/// (gh-87135), so from 3.14 on the gate is not used; PyO3 supports
+/// free-threaded builds only from 3.14.
+#[cfg(not(Py_3_14))]
+mod gate {
+    use pyo3::prelude::*;
+    use std::time::Duration;
+    use torchmon_core::exit_gate::{ExitGate, Running};
+
+    static EXIT_GATE: ExitGate = ExitGate::new();
+
+    /// How long the exiting thread waits for other threads' dispatches to end.
+    const EXIT_WAIT: Duration = Duration::from_secs(2);
+
+    /// Marks a dispatch as running until the guard is dropped.
+    #[inline]
+    pub fn enter() -> Running<'static> {
+        #[cfg(not(Py_GIL_DISABLED))]
+        {
+            EXIT_GATE.enter_serialised() // dispatch holds the GIL
+        }
+        #[cfg(Py_GIL_DISABLED)]
+        {
+            EXIT_GATE.enter()
+        }
+    }
+
+    #[inline]
+    pub fn admits_current_thread() -> bool {
+        EXIT_GATE.admits_current_thread()
+    }
+
+    pub fn close_and_wait(py: Python<'_>) -> bool {
+        EXIT_GATE.close();
+        py.detach(|| EXIT_GATE.wait_idle(EXIT_WAIT))
+    }
+
+    pub fn state() -> (bool, usize, u64) {
+        (
+            EXIT_GATE.is_closed(),
+            EXIT_GATE.running(),
+            EXIT_GATE.skipped(),
+        )
+    }
+}
+
+#[cfg(Py_3_14)]
+mod gate {
+    use pyo3::prelude::*;
+
+    /// Nothing to mark: no gate.
+    pub struct Running;
+
+    #[inline]
+    pub fn enter() -> Running {
+        Running
+    }
+
+    #[inline]
+    pub fn admits_current_thread() -> bool {
+        true
+    }
+
+    pub fn close_and_wait(_py: Python<'_>) -> bool {
+        true
+    }
+
+    pub fn state() -> (bool, usize, u64) {
+        (false, 0, 0)
+    }
+}
+
+pub use published::Handlers;
+
+/// Creates the dispatch list's type at import (see `py_convert::init_lazy`).
 pub fn init_lazy(py: Python<'_>) {
-    #[cfg(not(Py_GIL_DISABLED))]
-    py.get_type::<DispatchList>();
-    #[cfg(Py_GIL_DISABLED)]
-    let _ = py;
+    published::init_lazy(py);
 }
 
 /// The handlers registered now (`None`: there are none).
 #[inline]
 pub fn current_handlers(py: Python<'_>) -> Option<Handlers> {
-    #[cfg(not(Py_GIL_DISABLED))]
-    {
-        DISPATCH_LIST.get(py).map(|list| Handlers { list })
-    }
-    #[cfg(Py_GIL_DISABLED)]
-    {
-        let _ = py;
-        HANDLERS.snapshot().map(|list| Handlers { list })
-    }
-}
-
-/// Publishes `HANDLERS`' current list to dispatch after it changed; returns
-/// the replaced one, to be dropped by the caller.
-///
-/// It allocates one object, whatever the number of handlers (a change costs
-/// O(1) amortized: docs/performance.md). Allocating may run the garbage
-/// collector and with it Python code (a `__del__` that registers a handler,
-/// or a switch to another thread that does): a list taken before a change
-/// made meanwhile is taken again, so the one published always matches the
-/// current list.
-#[cfg(not(Py_GIL_DISABLED))]
-fn publish(py: Python<'_>) -> PyResult<Option<Py<DispatchList>>> {
-    loop {
-        let snapshot = HANDLERS.snapshot();
-        let list = match &snapshot {
-            None => None,
-            Some(snapshot) => Some(Py::new(
-                py,
-                DispatchList {
-                    snapshot: snapshot.clone(),
-                },
-            )?),
-        };
-        let unchanged = match (&snapshot, HANDLERS.snapshot()) {
-            (None, None) => true,
-            (Some(built), Some(now)) => built.same_as(&now),
-            _ => false,
-        };
-        if unchanged {
-            return Ok(DISPATCH_LIST.replace(py, list));
-        }
-    }
+    published::current(py)
 }
 
 /// Returned by `register_event_handler`; pass it to `unregister_event_handler`.
@@ -149,8 +251,7 @@ pub fn register_event_handler(callback: &Bound<'_, PyAny>) -> PyResult<EventHand
         ));
     }
     let (id, replaced) = HANDLERS.register(GilCell::new(Some(callback.clone().unbind())));
-    #[cfg(not(Py_GIL_DISABLED))]
-    let replaced = match publish(callback.py()) {
+    let replaced = match published::publish(callback.py()) {
         Ok(list) => (replaced, list),
         Err(err) => {
             // Not dispatchable (out of memory): not registered either.
@@ -180,10 +281,9 @@ pub fn unregister_event_handler(handle: &Bound<'_, PyAny>) -> PyResult<()> {
     let py = handle.py();
     let (entry, replaced) = HANDLERS.unregister(handle.get().id);
     let callback = entry.as_ref().map(|e| e.handler.replace(py, None));
-    #[cfg(not(Py_GIL_DISABLED))]
     // Should publishing fail, the old list still holds the entry, whose
     // cleared `active` flag keeps dispatch from starting it.
-    let replaced = (replaced, publish(py)?);
+    let replaced = (replaced, published::publish(py)?);
     // Dropping the callback or the replaced buffer may run a handler's
     // __del__: do it unlocked, after the registry changed.
     drop((callback, entry, replaced));
@@ -249,18 +349,14 @@ pub fn dispatch<'py>(
     handlers: &Handlers,
     mut event_for: impl FnMut(usize) -> PyResult<Bound<'py, PyAny>>,
 ) -> PyResult<()> {
-    #[cfg(all(not(Py_3_14), not(Py_GIL_DISABLED)))]
-    let _running = EXIT_GATE.enter_serialised(); // dispatch holds the GIL
-    #[cfg(all(not(Py_3_14), Py_GIL_DISABLED))]
-    let _running = EXIT_GATE.enter();
+    let _running = gate::enter();
     let mut failures = Failures::default();
     let mut started = 0;
     for entry in handlers.snapshot().iter() {
         if !entry.is_active() {
             continue;
         }
-        #[cfg(not(Py_3_14))]
-        if !EXIT_GATE.admits_current_thread() {
+        if !gate::admits_current_thread() {
             continue;
         }
         // `None`: on free-threaded builds, another thread unregistered it
@@ -285,33 +381,13 @@ pub fn dispatch<'py>(
 /// for the other threads' dispatches to end. Returns whether they all did.
 #[pyfunction]
 pub fn _close_exit_gate(py: Python<'_>) -> bool {
-    #[cfg(not(Py_3_14))]
-    {
-        EXIT_GATE.close();
-        py.detach(|| EXIT_GATE.wait_idle(EXIT_WAIT))
-    }
-    #[cfg(Py_3_14)]
-    {
-        let _ = py;
-        true
-    }
+    gate::close_and_wait(py)
 }
 
 /// For tests: (gate closed, dispatches running, handler calls skipped).
 #[pyfunction]
 pub fn _exit_gate_state() -> (bool, usize, u64) {
-    #[cfg(not(Py_3_14))]
-    {
-        (
-            EXIT_GATE.is_closed(),
-            EXIT_GATE.running(),
-            EXIT_GATE.skipped(),
-        )
-    }
-    #[cfg(Py_3_14)]
-    {
-        (false, 0, 0)
-    }
+    gate::state()
 }
 
 /// For tests and diagnostics: the number of registered handlers.
