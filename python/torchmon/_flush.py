@@ -13,12 +13,12 @@ import os
 import sys
 import threading
 import time
-import types
 import weakref
 from collections.abc import Iterable
 from types import FrameType
 
 from . import _core
+from ._errors import report_unraisable as _report_unraisable
 
 # typing costs about 9 ms of `import torchmon` (docs/performance.md): its
 # names are for type checkers only here, as in the package's __init__.
@@ -177,30 +177,6 @@ def _flush_with_deadline(seconds: float) -> bool:
     if "error" in outcome:
         raise outcome["error"]
     return bool(outcome["result"])
-
-
-def _report_unraisable(exc: BaseException, obj: object, message: str) -> None:
-    """Hands ``exc`` to ``sys.unraisablehook``; never raises."""
-    try:
-        hook = sys.unraisablehook
-        if hook is sys.__unraisablehook__:
-            # The default hook takes only the interpreter's own argument type.
-            import traceback
-
-            print(f"{message}: {obj!r}", file=sys.stderr)
-            traceback.print_exception(type(exc), exc, exc.__traceback__, file=sys.stderr)
-        else:
-            hook(
-                types.SimpleNamespace(
-                    exc_type=type(exc),
-                    exc_value=exc,
-                    exc_traceback=exc.__traceback__,
-                    err_msg=message,
-                    object=obj,
-                )
-            )
-    except BaseException:
-        pass
 
 
 # --- flush_on_signals -------------------------------------------------------

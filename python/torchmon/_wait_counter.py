@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import functools
 import math
-import sys
 import time
 import types
 from collections.abc import Callable
@@ -20,7 +19,7 @@ from datetime import timedelta
 from types import TracebackType
 
 from ._core import Aggregation, Stat, _window_ms_of_seconds
-from ._errors import arg_message, arg_type_error, arg_value_error
+from ._errors import arg_message, arg_type_error, arg_value_error, report_unraisable
 from ._forksafe import new_lock
 
 __all__ = ["WaitCounter", "_WaitCounter", "_WaitCounterTracker"]
@@ -130,31 +129,12 @@ def _discard_counter(key: str) -> None:
 
 def _report_unraisable(err: BaseException, stat: Stat) -> None:
     """Hands a handler's ``err`` to ``sys.unraisablehook``; never raises."""
-    message = (
+    report_unraisable(
+        err,
+        stat,
         "Exception ignored in a handler of the wait counter "
-        f"{stat.name!r} while another exception was propagating"
+        f"{stat.name!r} while another exception was propagating",
     )
-    try:
-        hook = sys.unraisablehook
-        if hook is sys.__unraisablehook__:
-            # The default hook accepts only the interpreter's own argument
-            # type, which Python code cannot create: print what it would.
-            import traceback  # only here: `import torchmon` stays fast (docs/performance.md)
-
-            print(f"{message}: {stat!r}", file=sys.stderr)
-            traceback.print_exception(type(err), err, err.__traceback__, file=sys.stderr)
-        else:
-            hook(
-                types.SimpleNamespace(
-                    exc_type=type(err),
-                    exc_value=err,
-                    exc_traceback=err.__traceback__,
-                    err_msg=message,
-                    object=stat,
-                )
-            )
-    except Exception:
-        pass  # nothing is left to report to
 
 
 def _record(stat: Stat, duration_ns: int, propagating: type[BaseException] | None) -> None:

@@ -49,12 +49,11 @@ import importlib
 import sys
 import threading
 import time
-import traceback
-import types
 from types import TracebackType
 from typing import Any
 
 from ._core import Event, log_event
+from ._errors import report_unraisable
 from ._forksafe import new_lock
 
 __all__ = ["TorchBridge", "forward_from_torch"]
@@ -83,26 +82,9 @@ def _inside_dispatch() -> bool:
 
 def _report_unraisable(exc: BaseException, obj: object) -> None:
     """Hands ``exc`` to ``sys.unraisablehook``; never raises."""
-    message = "Exception ignored while forwarding a torch.monitor event to torchmon"
-    try:
-        hook = sys.unraisablehook
-        if hook is sys.__unraisablehook__:
-            # The default hook accepts only the interpreter's own argument
-            # type, which Python code cannot create: print what it would.
-            print(f"{message}: {obj!r}", file=sys.stderr)
-            traceback.print_exception(type(exc), exc, exc.__traceback__, file=sys.stderr)
-        else:
-            hook(
-                types.SimpleNamespace(
-                    exc_type=type(exc),
-                    exc_value=exc,
-                    exc_traceback=exc.__traceback__,
-                    err_msg=message,
-                    object=obj,
-                )
-            )
-    except BaseException:
-        pass  # nothing is left to report to
+    report_unraisable(
+        exc, obj, "Exception ignored while forwarding a torch.monitor event to torchmon"
+    )
 
 
 def _drain_pending(monitor: Any) -> None:
