@@ -474,6 +474,10 @@ def read_jsonl(
 def read_jsonl(
     path: str | os.PathLike[str], *, errors: str = ..., distributions: Literal[True]
 ) -> JsonlReader[tuple[Event, Distribution | None]]: ...
+@overload
+def read_jsonl(
+    path: str | os.PathLike[str], *, errors: str = ..., distributions: bool
+) -> JsonlReader[Any]: ...
 def read_jsonl(
     path: str | os.PathLike[str], *, errors: str = "raise", distributions: bool = False
 ) -> JsonlReader[Any]:
