@@ -444,7 +444,12 @@ class Distribution:
             rank -= count
             if rank <= 0:
                 return representative(index)
-        return math.inf
+        rank -= self._positive_inf_count
+        if rank <= 0:
+            return math.inf
+        # Counts that do not add up to `count` (never made by a Stat, refused
+        # by the constructor): as the native quantile does.
+        return math.nan
 
     def merge(self, other: Distribution) -> Distribution:
         """The distribution of both windows' samples: counts added bucket by
