@@ -630,9 +630,9 @@ class Stat:
     def get(self):
         return {agg: self._prev.value(agg) for agg in self._aggregations}
 
-    def _last_window_samples(self):
-        """The model's own, for tests: the samples behind get()'s values."""
-        return tuple(self._prev.samples)
+    def _last_window(self):
+        """The model's own, for tests: the window behind get()'s values."""
+        return self._prev
 
     def add(self, v):
         x = _as_sample(v)
