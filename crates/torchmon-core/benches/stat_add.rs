@@ -20,6 +20,21 @@ const ALL: [Aggregation; 5] = [
     Aggregation::Max,
     Aggregation::Min,
 ];
+/// Every aggregation: the torch ones, STDDEV and the five quantiles.
+const TWELVE: [Aggregation; 12] = [
+    Aggregation::Value,
+    Aggregation::Mean,
+    Aggregation::Count,
+    Aggregation::Sum,
+    Aggregation::Max,
+    Aggregation::Min,
+    Aggregation::Stddev,
+    Aggregation::P50,
+    Aggregation::P90,
+    Aggregation::P95,
+    Aggregation::P99,
+    Aggregation::P999,
+];
 const HOUR_MS: i64 = 3_600_000;
 /// `add_at` benches read no clock: they all add inside this window.
 const FIXED_NOW_MS: i64 = HOUR_MS / 2;
@@ -169,5 +184,57 @@ fn two_threads(c: &mut Criterion) {
     g.finish();
 }
 
-criterion_group!(benches, clocks, single_thread, two_threads);
+fn twelve_aggregations(c: &mut Criterion) {
+    let mut g = c.benchmark_group("add, 1 thread, 12 aggregations");
+    let stat = Stat::new(&TWELVE, HOUR_MS, i64::MAX);
+    // Six decades of values, cycled: every octave block exists after the
+    // first round, as in a long-running window.
+    let values: Vec<f64> = (0..4096)
+        .map(|i| 1e-3 * 10f64.powf(6.0 * i as f64 / 4096.0))
+        .collect();
+    let mut next = 0usize;
+    let mut value = move || {
+        next = (next + 1) & 4095;
+        values[next]
+    };
+    g.bench_function("Stat::add_at (lock-free)", |b| {
+        b.iter(|| black_box(stat.add_at(black_box(value()), FIXED_NOW_MS)))
+    });
+    g.bench_function("Stat::add_at_serialized (GIL builds)", |b| {
+        b.iter(|| black_box(stat.add_at_serialized(black_box(value()), FIXED_NOW_MS)))
+    });
+    let five = Stat::new(&ALL, HOUR_MS, i64::MAX);
+    g.bench_function(
+        "Stat::add_at_serialized, 5 aggregations, same values",
+        |b| b.iter(|| black_box(five.add_at_serialized(black_box(value()), FIXED_NOW_MS))),
+    );
+    // The window close with a full histogram: 4096 samples over six decades
+    // in both signs, then the close (snapshot, quantiles, Distribution).
+    let closing = Stat::new(&TWELVE, 1, i64::MAX);
+    let mut now = 0i64;
+    g.bench_function("window close, 8192 samples over six decades", |b| {
+        b.iter_batched(
+            || {
+                for _ in 0..4096 {
+                    let v = value();
+                    closing.add_at(v, now);
+                    closing.add_at(-v, now);
+                }
+                now += 1;
+                now
+            },
+            |at| black_box(closing.add_at(1.0, at)),
+            BatchSize::PerIteration,
+        )
+    });
+    g.finish();
+}
+
+criterion_group!(
+    benches,
+    clocks,
+    single_thread,
+    two_threads,
+    twelve_aggregations
+);
 criterion_main!(benches);

@@ -31,6 +31,7 @@ use crate::aggregation::{Aggregation, Needs};
 use crate::histogram::Distribution;
 use crate::sync::{AtomicI64, AtomicU64, Mutex, Ordering, spin_wait};
 use accumulators::Phase;
+use std::mem::MaybeUninit;
 use std::sync::Arc;
 
 const PHASE_BIT: u64 = 1 << 63;
@@ -110,27 +111,64 @@ impl WindowStats {
 
 /// Windows closed by one call, in the order they closed (at most two: the
 /// previous window by time, then the new one by `max_samples`).
-#[derive(Debug, Default)]
+///
+/// Every add returns one, almost always empty, so making, testing and
+/// dropping an empty one is one store, one load and one branch: a length
+/// and uninitialised slots, rather than `[Option<WindowStats>; 2]`, whose
+/// drop glue (a `WindowStats` may hold a `Distribution`) tests both slots.
 pub struct Closed {
-    windows: [Option<WindowStats>; 2],
+    len: usize,
+    windows: [MaybeUninit<WindowStats>; 2],
+}
+
+impl Default for Closed {
+    #[inline(always)]
+    fn default() -> Self {
+        Closed {
+            len: 0,
+            windows: [MaybeUninit::uninit(), MaybeUninit::uninit()],
+        }
+    }
 }
 
 impl Closed {
     fn push(&mut self, window: WindowStats) {
-        let slot = self
-            .windows
-            .iter_mut()
-            .find(|w| w.is_none())
-            .expect("a single add closes at most two windows");
-        *slot = Some(window);
+        assert!(self.len < 2, "a single add closes at most two windows");
+        self.windows[self.len].write(window);
+        self.len += 1;
     }
 
+    #[inline(always)]
     pub fn is_empty(&self) -> bool {
-        self.windows[0].is_none()
+        self.len == 0
     }
 
     pub fn iter(&self) -> impl Iterator<Item = &WindowStats> {
-        self.windows.iter().flatten()
+        // SAFETY: `push` wrote slots `0..len` before counting them, and no
+        // slot is ever taken out or overwritten.
+        self.windows[..self.len]
+            .iter()
+            .map(|w| unsafe { w.assume_init_ref() })
+    }
+}
+
+impl Drop for Closed {
+    #[inline(always)]
+    fn drop(&mut self) {
+        if self.len == 0 {
+            return;
+        }
+        for window in &mut self.windows[..self.len] {
+            // SAFETY: slots `0..len` were written by `push` and are dropped
+            // once, here; `len` is never read again.
+            unsafe { window.assume_init_drop() };
+        }
+    }
+}
+
+impl std::fmt::Debug for Closed {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_list().entries(self.iter()).finish()
     }
 }
 
