@@ -36,6 +36,7 @@ from ._wait_counter import WaitCounter, _WaitCounter, _WaitCounterTracker
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from . import handlers as handlers
+    from ._rank import RankInfo, rank_info
     from .handlers.jsonl import JsonlEventHandler, read_jsonl
     from .handlers.otel import OpenTelemetryEventHandler
     from .handlers.prometheus import PrometheusEventHandler
@@ -52,6 +53,10 @@ _FROM_HANDLERS = frozenset(
 )
 
 
+# Multi-node helpers (docs/api.md, "`rank_info`"), also loaded on first use.
+_FROM_RANK = frozenset(("RankInfo", "rank_info"))
+
+
 def __getattr__(name: str) -> object:
     if name == "handlers" or name in _FROM_HANDLERS:
         # Not `from . import handlers`: that looks the attribute up first, here.
@@ -59,11 +64,15 @@ def __getattr__(name: str) -> object:
 
         handlers = importlib.import_module(".handlers", __name__)
         return handlers if name == "handlers" else getattr(handlers, name)
+    if name in _FROM_RANK:
+        from . import _rank
+
+        return getattr(_rank, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def __dir__() -> list[str]:
-    return sorted({*globals(), "handlers", *_FROM_HANDLERS})
+    return sorted({*globals(), "handlers", *_FROM_HANDLERS, *_FROM_RANK})
 
 
 # torch.monitor exports the members at module level too. They come from the
@@ -94,6 +103,7 @@ __all__ = [
     "JsonlEventHandler",
     "OpenTelemetryEventHandler",
     "PrometheusEventHandler",
+    "RankInfo",
     "SignalFlush",
     "Stat",
     "TensorboardEventHandler",
@@ -104,6 +114,7 @@ __all__ = [
     "flush",
     "flush_on_signals",
     "log_event",
+    "rank_info",
     "read_jsonl",
     "register_event_handler",
     "unregister_event_handler",
