@@ -15,20 +15,17 @@ import json
 import math
 import os
 import re
-import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
-import urllib.parse
-import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
 import pytest
+from prometheus_server import PrometheusServer, free_port, free_port_run, stop_group
 
 import torchmon
 
@@ -38,58 +35,8 @@ pytest.importorskip("prometheus_client")
 pytestmark = pytest.mark.slow
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "torchrun_prometheus.py"
-PROMETHEUS = shutil.which("prometheus") or (
-    "/usr/bin/prometheus" if os.path.exists("/usr/bin/prometheus") else None
-)
 RANKS = 4
-# Deadlines (not assertions about speed): how long to wait before giving up.
-START_TIMEOUT = 90.0
-SCRAPE_TIMEOUT = 20.0
-STOP_TIMEOUT = 15.0
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def free_port_run(count: int) -> int:
-    """A port p with p .. p + count - 1 all free a moment ago."""
-    for _ in range(100):
-        base = free_port()
-        if base + count > 65535:
-            continue
-        sockets = []
-        try:
-            for port in range(base, base + count):
-                sock = socket.socket()
-                sockets.append(sock)
-                sock.bind(("127.0.0.1", port))
-            return base
-        except OSError:
-            continue
-        finally:
-            for sock in sockets:
-                sock.close()
-    pytest.fail(f"no {count} consecutive free ports on 127.0.0.1")
-
-
-def stop_group(proc: subprocess.Popen[bytes], sig: int = signal.SIGTERM) -> None:
-    """Signals the process group of ``proc`` (a session leader), waits, then kills it."""
-    if proc.poll() is None:
-        try:
-            os.killpg(proc.pid, sig)
-        except ProcessLookupError:
-            pass
-        try:
-            proc.wait(timeout=STOP_TIMEOUT)
-        except subprocess.TimeoutExpired:
-            try:
-                os.killpg(proc.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-            proc.wait(timeout=STOP_TIMEOUT)
+START_TIMEOUT = 90.0  # seconds for the ranks to start and train (a deadline, not a speed check)
 
 
 def kill_group_of(pid: int) -> None:
@@ -110,134 +57,73 @@ class Job:
     finished: float
 
 
-def http_get_json(url: str) -> Any:
-    with urllib.request.urlopen(url, timeout=10) as response:
-        return json.loads(response.read().decode("utf-8"))
-
-
 @pytest.fixture(scope="module")
 def job(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Job]:
-    if PROMETHEUS is None:
-        pytest.skip("no prometheus binary (Debian: apt-get install prometheus; .ci/run does)")
     started = time.monotonic()
     tmp = tmp_path_factory.mktemp("torchrun_prometheus")
     port_base = free_port_run(RANKS)
-    targets = ", ".join(f"'127.0.0.1:{port_base + rank}'" for rank in range(RANKS))
-    config = tmp / "prometheus.yml"
-    config.write_text(
-        "global:\n"
-        "  scrape_interval: 1s\n"
-        "  scrape_timeout: 1s\n"
-        "scrape_configs:\n"
-        "  - job_name: torchrun\n"
-        "    static_configs:\n"
-        f"      - targets: [{targets}]\n",
-        encoding="utf-8",
-    )
-    web_port = free_port()
-    api = f"http://127.0.0.1:{web_port}"
-    prometheus_log = (tmp / "prometheus.log").open("wb")
+    targets = [f"127.0.0.1:{port_base + rank}" for rank in range(RANKS)]
     torchrun_log_path = tmp / "torchrun.log"
-    torchrun_log = torchrun_log_path.open("wb")
-    prometheus = subprocess.Popen(
-        [
-            PROMETHEUS,
-            f"--config.file={config}",
-            f"--storage.tsdb.path={tmp / 'tsdb'}",
-            f"--web.listen-address=127.0.0.1:{web_port}",
-        ],
-        stdin=subprocess.DEVNULL,
-        stdout=prometheus_log,
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
-    )
-    torchrun: subprocess.Popen[bytes] | None = None
-    try:
-        truth_dir = tmp / "truth"
-        events_dir = tmp / "events"
-        torchrun = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "torch.distributed.run",
-                f"--nproc-per-node={RANKS}",
-                "--master-addr=127.0.0.1",
-                f"--master-port={free_port()}",
-                "--rdzv-id=torchmon-e2e",
-                str(EXAMPLE),
-                "--steps=150",
-                "--step-ms=20",
-                "--window-ms=500",
-                f"--port-base={port_base}",
-                f"--out-dir={events_dir}",
-                f"--ground-truth={truth_dir}",
-                "--linger=120",
-            ],
-            cwd=tmp,
-            env={**os.environ, "OMP_NUM_THREADS": "1"},
-            stdin=subprocess.DEVNULL,
-            stdout=torchrun_log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-
-        def query(promql: str) -> list[dict[str, Any]]:
-            url = f"{api}/api/v1/query?" + urllib.parse.urlencode({"query": promql})
-            reply = http_get_json(url)
-            assert reply["status"] == "success", reply
-            return list(reply["data"]["result"])
-
-        def log_tail() -> str:
-            return torchrun_log_path.read_text(encoding="utf-8", errors="replace")[-4000:]
-
-        # Every rank trained, emitted its last windows and wrote what it recorded.
-        truth_paths = [truth_dir / f"ground-truth-rank{rank}.json" for rank in range(RANKS)]
-        deadline = time.monotonic() + START_TIMEOUT
-        while not all(path.exists() for path in truth_paths):
-            if torchrun.poll() is not None:
-                pytest.fail(f"torchrun exited {torchrun.returncode} early:\n{log_tail()}")
-            if time.monotonic() > deadline:
-                pytest.fail(
-                    f"the ranks did not finish training in {START_TIMEOUT} s:\n{log_tail()}"
-                )
-            time.sleep(0.2)
-        truth = [json.loads(path.read_text(encoding="utf-8")) for path in truth_paths]
-        finished = max(path.stat().st_mtime for path in truth_paths)
-
-        # Then until every rank was scraped (successfully) after its last windows.
-        deadline = time.monotonic() + SCRAPE_TIMEOUT
-        while True:
-            # timestamp() of a bare selector is the scrape's time (of an
-            # expression such as `up == 1`, the query's): ask for both apart.
-            scrapes = query('timestamp(up{job="torchrun"})')
-            up = query('up{job="torchrun"}')
-            if (
-                len(scrapes) == RANKS
-                and min(float(s["value"][1]) for s in scrapes) > finished
-                and [float(u["value"][1]) for u in up] == [1.0] * RANKS
-            ):
-                break
-            if time.monotonic() > deadline:
-                pytest.fail(
-                    f"Prometheus did not scrape every rank after {finished}: {scrapes}; "
-                    f"targets: {http_get_json(api + '/api/v1/targets')}"
-                )
-            time.sleep(0.25)
-        yield Job(query, truth, events_dir, time.monotonic() - started, finished)
-    finally:
-        worker_pids = [
-            int(pid)
-            for pid in re.findall(
-                r"\(pid (\d+)\)", torchrun_log_path.read_text(encoding="utf-8", errors="replace")
+    with PrometheusServer(tmp, targets) as server, torchrun_log_path.open("wb") as torchrun_log:
+        torchrun: subprocess.Popen[bytes] | None = None
+        try:
+            truth_dir = tmp / "truth"
+            events_dir = tmp / "events"
+            torchrun = subprocess.Popen(
+                [
+                    sys.executable,
+                    "-m",
+                    "torch.distributed.run",
+                    f"--nproc-per-node={RANKS}",
+                    "--master-addr=127.0.0.1",
+                    f"--master-port={free_port()}",
+                    "--rdzv-id=torchmon-e2e",
+                    str(EXAMPLE),
+                    "--steps=150",
+                    "--step-ms=20",
+                    "--window-ms=500",
+                    f"--port-base={port_base}",
+                    f"--out-dir={events_dir}",
+                    f"--ground-truth={truth_dir}",
+                    "--linger=120",
+                ],
+                cwd=tmp,
+                env={**os.environ, "OMP_NUM_THREADS": "1"},
+                stdin=subprocess.DEVNULL,
+                stdout=torchrun_log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
             )
-        ]
-        if torchrun is not None:
-            stop_group(torchrun)
-        for pid in worker_pids:
-            kill_group_of(pid)
-        stop_group(prometheus)
-        torchrun_log.close()
-        prometheus_log.close()
+
+            def log_tail() -> str:
+                return torchrun_log_path.read_text(encoding="utf-8", errors="replace")[-4000:]
+
+            # Every rank trained, emitted its last windows and wrote what it recorded.
+            truth_paths = [truth_dir / f"ground-truth-rank{rank}.json" for rank in range(RANKS)]
+            deadline = time.monotonic() + START_TIMEOUT
+            while not all(path.exists() for path in truth_paths):
+                if torchrun.poll() is not None:
+                    pytest.fail(f"torchrun exited {torchrun.returncode} early:\n{log_tail()}")
+                if time.monotonic() > deadline:
+                    pytest.fail(f"the ranks did not train in {START_TIMEOUT} s:\n{log_tail()}")
+                time.sleep(0.2)
+            truth = [json.loads(path.read_text(encoding="utf-8")) for path in truth_paths]
+            finished = max(path.stat().st_mtime for path in truth_paths)
+            # Then until every rank was scraped after its last windows.
+            server.wait_for_scrapes_after(finished)
+            yield Job(server.query, truth, events_dir, time.monotonic() - started, finished)
+        finally:
+            worker_pids = [
+                int(pid)
+                for pid in re.findall(
+                    r"\(pid (\d+)\)",
+                    torchrun_log_path.read_text(encoding="utf-8", errors="replace"),
+                )
+            ]
+            if torchrun is not None:
+                stop_group(torchrun)
+            for pid in worker_pids:
+                kill_group_of(pid)
 
 
 def values_by(result: list[dict[str, Any]], label: str) -> dict[str, float]:
@@ -249,6 +135,7 @@ def test_sum_over_ranks_equals_what_every_rank_recorded(job: Job) -> None:
     assert all(t["world_size"] == RANKS and t["job"] == "torchmon-e2e" for t in job.truth)
     total_samples = sum(t["samples_seen"] for t in job.truth)
     (result,) = job.query("sum(trainer_train_samples_seen_max)")
+    print(f"job ready in {job.seconds:.1f} s; samples: exact {total_samples}, {result['value'][1]}")
     assert float(result["value"][1]) == total_samples, (
         job.query("trainer_train_samples_seen_max"),
         job.query("timestamp(trainer_train_samples_seen_max)"),
@@ -273,6 +160,7 @@ def test_the_histogram_counts_every_step_of_every_rank(job: Job) -> None:
     steps = sum(len(t["step_times"]) for t in job.truth)
     assert steps == RANKS * 150
     (result,) = job.query("sum(trainer_train_step_time_seconds_histogram_count)")
+    print(f"steps: exact {steps}, Prometheus {result['value'][1]}")
     assert float(result["value"][1]) == steps
 
 
