@@ -30,19 +30,6 @@ import torchmon
 from torchmon import Aggregation
 
 
-def step_time_aggregations() -> list[Aggregation]:
-    """MEAN, MAX and COUNT, plus P50 and P99 where this torchmon has them:
-    a Stat with a P aggregation is also exported as a Prometheus histogram
-    (``trainer_train_step_time_seconds_bucket``), which the ranks' servers
-    aggregate with ``histogram_quantile``."""
-    aggregations = [Aggregation.MEAN, Aggregation.MAX, Aggregation.COUNT]
-    for name in ("P50", "P99"):
-        member = getattr(Aggregation, name, None)
-        if member is not None:
-            aggregations.append(member)
-    return aggregations
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=300, help="training steps (default 300)")
@@ -72,14 +59,21 @@ def main() -> None:
         port_base=args.port_base, host=args.host, prefix="trainer_"
     )
     args.out_dir.mkdir(parents=True, exist_ok=True)
-    jsonl = torchmon.JsonlEventHandler.for_rank(args.out_dir)
+    # With the windows' histograms, for `torchmon summarize events-rank*.jsonl`.
+    jsonl = torchmon.JsonlEventHandler.for_rank(args.out_dir, distributions=True)
     handles = [torchmon.register_event_handler(sink), torchmon.register_event_handler(jsonl)]
     print(
         f"rank {info.rank} (pid {os.getpid()}): http://{args.host}:{sink.port}/metrics", flush=True
     )
 
     window = timedelta(milliseconds=args.window_ms)
-    step_time = torchmon.Stat("train.step_time_seconds", step_time_aggregations(), window)
+    # A Stat with a P aggregation is also exported as the cumulative histogram
+    # trainer_train_step_time_seconds_histogram, which sums across ranks.
+    step_time = torchmon.Stat(
+        "train.step_time_seconds",
+        [Aggregation.MEAN, Aggregation.MAX, Aggregation.COUNT, Aggregation.P50, Aggregation.P99],
+        window,
+    )
     loss_stat = torchmon.Stat("train.loss", [Aggregation.MEAN, Aggregation.MAX], window)
     # SUM per window is the throughput; the running total (MAX of a counter
     # that only grows) is exact at any moment: sum over ranks = the job's total.
