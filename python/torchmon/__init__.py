@@ -36,6 +36,7 @@ from ._wait_counter import WaitCounter, _WaitCounter, _WaitCounterTracker
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from . import handlers as handlers
+    from ._distribution import Distribution
     from .handlers.jsonl import JsonlEventHandler, read_jsonl
     from .handlers.otel import OpenTelemetryEventHandler
     from .handlers.prometheus import PrometheusEventHandler
@@ -59,11 +60,16 @@ def __getattr__(name: str) -> object:
 
         handlers = importlib.import_module(".handlers", __name__)
         return handlers if name == "handlers" else getattr(handlers, name)
+    if name == "Distribution":
+        # Imports fractions and typing, which `import torchmon` does not need.
+        from ._distribution import Distribution
+
+        return Distribution
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def __dir__() -> list[str]:
-    return sorted({*globals(), "handlers", *_FROM_HANDLERS})
+    return sorted({*globals(), "handlers", "Distribution", *_FROM_HANDLERS})
 
 
 # torch.monitor exports the members at module level too. They come from the
@@ -89,6 +95,7 @@ __all__ = [
     "VALUE",
     "Aggregation",
     "AsyncEventHandler",
+    "Distribution",
     "Event",
     "EventHandlerHandle",
     "JsonlEventHandler",
