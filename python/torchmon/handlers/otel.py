@@ -224,27 +224,19 @@ def _check_attributes(attributes: object) -> dict[str, _AttributeValue]:
 
 def _rank_identity() -> tuple[dict[str, str], dict[str, str]]:
     """(point attributes, resource attributes) of this rank for ``otlp()``:
-    the Prometheus sink's labels (rank, local_rank, node, job) on every point,
-    and a ``service.instance.id`` distinct per process in the resource."""
-    import socket
+    the Prometheus sink's labels (``RankInfo.labels()``: rank, local_rank,
+    node, job) on every point, and a ``service.instance.id`` distinct per
+    process in the resource."""
+    from .._rank import rank_info
 
-    # torchrun's variables, read as torchmon.rank_info() reads them
-    # (docs/api.md); outside torchrun: rank 0 of one process.
-    rank = os.environ.get("RANK", "0").strip() or "0"
-    labels = {
-        "rank": rank,
-        "local_rank": os.environ.get("LOCAL_RANK", "0").strip() or "0",
-        "node": os.environ.get("GROUP_RANK", "0").strip() or "0",
-        "job": os.environ.get("TORCHELASTIC_RUN_ID", ""),
-    }
-    host = socket.gethostname()
+    info = rank_info()
     # The pid tells apart two jobs' rank 0 on one host, and a restarted rank
     # (a new cumulative series) from its predecessor.
     resource = {
-        "service.instance.id": f"{host}/rank{rank}/pid{os.getpid()}",
-        "host.name": host,
+        "service.instance.id": f"{info.host}/rank{info.rank}/pid{os.getpid()}",
+        "host.name": info.host,
     }
-    return labels, resource
+    return info.labels(), resource
 
 
 class _Histograms:
@@ -466,6 +458,7 @@ class OpenTelemetryEventHandler(ClosesOnExit):
     """
 
     __slots__ = (
+        "__weakref__",  # torchmon.flush() holds its sinks weakly
         "_attributes",
         "_closed",
         "_gauges",
@@ -736,6 +729,9 @@ class OpenTelemetryEventHandler(ClosesOnExit):
             return
         self._closed = True
         if self._provider is not None:
+            # The reader's shutdown collects once more only if it has an
+            # exporting thread: export_interval=math.inf has none.
+            self._provider.force_flush()
             self._provider.shutdown()
 
     def __repr__(self) -> str:
