@@ -9,12 +9,14 @@ distributions of Stats with P aggregations exponential histograms
 
 from __future__ import annotations
 
+import atexit
 import math
 import os
 import re
 import time
+import weakref
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any, Union
+from typing import TYPE_CHECKING, Any, Callable, Union
 
 from .._core import STAT_EVENT, Event
 from .._flush import _register_flushable
@@ -381,6 +383,23 @@ def _periodic_reader(
     return _reader_class(exporter, histograms, interval_ms, timeout_ms)
 
 
+def _close_at_exit(handler: OpenTelemetryEventHandler) -> Callable[[], None]:
+    """Registers ``handler.close()`` to run at interpreter exit, holding the
+    handler weakly. Registered when the handler is made, so it runs after
+    torchmon's exit flush of the Stats' open windows (``atexit`` runs the
+    last registered first, and that flush registers itself at thread
+    shutdown): the last windows are exported."""
+    ref = weakref.ref(handler)
+
+    def close() -> None:
+        alive = ref()
+        if alive is not None:
+            alive.close()
+
+    atexit.register(close)
+    return close
+
+
 def _seconds_to_ms(value: object, argument: str) -> float | None:
     if value is None:
         return None
@@ -458,7 +477,8 @@ class OpenTelemetryEventHandler(ClosesOnExit):
     """
 
     __slots__ = (
-        "__weakref__",  # torchmon.flush() holds its sinks weakly
+        "__weakref__",  # torchmon.flush() and the exit hook hold it weakly
+        "_at_exit",
         "_attributes",
         "_closed",
         "_gauges",
@@ -535,8 +555,10 @@ class OpenTelemetryEventHandler(ClosesOnExit):
         self._sources: dict[str, tuple[str, bool]] = {}
         self._lock = new_lock()
         self._closed = False
+        self._at_exit: Callable[[], None] | None = None
         if self._provider is not None:
             _register_flushable(self)
+            self._at_exit = _close_at_exit(self)
 
     def _own_provider(
         self,
@@ -585,7 +607,11 @@ class OpenTelemetryEventHandler(ClosesOnExit):
             delta=delta,
         )
         reader = _periodic_reader(exporter, self._histograms, interval_ms, None)
-        self._provider = MeterProvider(metric_readers=[reader], resource=resource)
+        # Not the provider's own exit hook: its shutdown exports only if the
+        # reader has a thread (not with export_interval=math.inf); close() does.
+        self._provider = MeterProvider(
+            metric_readers=[reader], resource=resource, shutdown_on_exit=False
+        )
         return self._provider
 
     @classmethod
@@ -728,6 +754,9 @@ class OpenTelemetryEventHandler(ClosesOnExit):
         if self._closed:
             return
         self._closed = True
+        if self._at_exit is not None:
+            atexit.unregister(self._at_exit)
+            self._at_exit = None
         if self._provider is not None:
             # The reader's shutdown collects once more only if it has an
             # exporting thread: export_interval=math.inf has none.
