@@ -430,6 +430,30 @@ def test_each_rank_has_its_instance_id_and_rank_attributes() -> None:
         assert resource["host.name"] == socket.gethostname()
 
 
+def test_resource_from_environment_and_arguments(
+    rank3: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """torchmon's resource attributes are defaults: the OTEL_* variables
+    override them, and resource_attributes override those."""
+    monkeypatch.setenv("OTEL_SERVICE_NAME", "trainer")
+    monkeypatch.setenv(
+        "OTEL_RESOURCE_ATTRIBUTES", "deployment.environment=ci,host.name=h1,service.instance.id=i1"
+    )
+    with request_receiver() as (endpoint, requests):
+        sink = OpenTelemetryEventHandler.otlp(
+            endpoint, export_interval=math.inf, resource_attributes={"host.name": "h2"}
+        )
+        sink(window_event("lat", [1.0]))
+        sink.close()
+    (request,) = requests
+    (rm,) = request.resource_metrics
+    resource = attributes_of(rm.resource.attributes)
+    assert resource["service.name"] == "trainer"
+    assert resource["deployment.environment"] == "ci"
+    assert resource["service.instance.id"] == "i1"
+    assert resource["host.name"] == "h2"
+
+
 # --- arguments
 
 

@@ -651,7 +651,7 @@ class OpenTelemetryEventHandler(ClosesOnExit):
             extra="otlp",
         )
         from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter
-        from opentelemetry.sdk.resources import SERVICE_NAME, Resource
+        from opentelemetry.sdk.resources import SERVICE_NAME, OTELResourceDetector, Resource
 
         if endpoint is not None and not isinstance(endpoint, str):
             raise TypeError(
@@ -666,11 +666,14 @@ class OpenTelemetryEventHandler(ClosesOnExit):
         timeout_ms = _seconds_to_ms(timeout, "timeout")
         labels, identity = _rank_identity()
         extra = _check_attributes(resource_attributes)
-        from_env = Resource.create()
-        if str(from_env.attributes.get(SERVICE_NAME, "")).startswith("unknown_service"):
-            identity = {SERVICE_NAME: "torchmon", **identity}
-        # Resource.create: the environment's attributes, overridden by ours.
-        resource = Resource.create(identity).merge(Resource(extra))
+        # Ours are defaults: OTEL_SERVICE_NAME and OTEL_RESOURCE_ATTRIBUTES
+        # override them (Resource.create alone would let ours win), and
+        # resource_attributes override everything.
+        resource = (
+            Resource.create({SERVICE_NAME: "torchmon", **identity})
+            .merge(OTELResourceDetector().detect())
+            .merge(Resource(extra))
+        )
         exporter = OTLPMetricExporter(
             endpoint=endpoint,
             headers=dict(headers) if headers is not None else None,
