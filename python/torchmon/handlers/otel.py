@@ -35,6 +35,8 @@ if TYPE_CHECKING:
     )
     from opentelemetry.sdk.resources import Resource
 
+    from .._distribution import Distribution
+
 __all__ = ["OpenTelemetryEventHandler", "otel_instrument_name"]
 
 _AttributeValue = Union[str, bool, int, float]
@@ -63,7 +65,7 @@ _P_SUFFIXES = frozenset(("p50", "p90", "p95", "p99", "p999"))
 # (docs/api.md): OpenTelemetry's ExponentialHistogram buckets at that scale.
 _SCALE = 6
 # OpenTelemetry's smallest scale: its buckets hold 2**1024 : 1, so every
-# double falls into 3 of them (docs/sinks.md, "Downscaling").
+# double falls into 3 of them (docs/sinks.md, "OpenTelemetry").
 _MIN_SCALE = -10
 DEFAULT_MAX_BUCKETS = 160  # the OpenTelemetry SDK's default max_size
 
@@ -121,7 +123,7 @@ def _dense(buckets: Mapping[int, int]) -> tuple[int, list[int]]:
 
 class _Histogram:
     """The windows of one Stat merged at scale 6, as one OpenTelemetry
-    exponential histogram point holds them (docs/sinks.md, "Distributions").
+    exponential histogram point holds them (docs/sinks.md, "OpenTelemetry").
 
     NaN and the infinities have no bucket: they are left out of the buckets
     and of ``count``. A window that had any leaves the point's ``sum`` unknown
@@ -141,7 +143,7 @@ class _Histogram:
         self.min: float | None = math.inf
         self.max: float | None = -math.inf
 
-    def add(self, distribution: Any) -> None:
+    def add(self, distribution: Distribution) -> None:
         if distribution.scale != _SCALE:
             raise ValueError(
                 f"OpenTelemetryEventHandler: distributions of scale {distribution.scale} "
@@ -275,7 +277,7 @@ class _Histograms:
         self._start_ns = time.time_ns()
         self._lock = new_lock()
 
-    def add(self, name: str, description: str, distribution: Any) -> None:
+    def add(self, name: str, description: str, distribution: Distribution) -> None:
         with self._lock:
             entry = self._histograms.get(name)
             if entry is None:
