@@ -454,6 +454,32 @@ def test_resource_from_environment_and_arguments(
     assert resource["host.name"] == "h2"
 
 
+def test_torchmon_flush_exports_the_open_window(rank3: None) -> None:
+    """torchmon.flush() emits the open window to the handler, then flushes
+    the handler, which exports it (docs/sinks.md, "Own exporter")."""
+    with request_receiver() as (endpoint, requests):
+        sink = OpenTelemetryEventHandler.otlp(endpoint, export_interval=math.inf)
+        handle = torchmon.register_event_handler(sink)
+        try:
+            loss = Stat("flushed", [Aggregation.SUM], 3600.0)
+            loss.add(2.5)
+            torchmon.flush()
+            sent = list(requests)
+        finally:
+            torchmon.unregister_event_handler(handle)
+            sink.close()
+    values = [
+        point.as_double
+        for request in sent
+        for rm in request.resource_metrics
+        for sm in rm.scope_metrics
+        for metric in sm.metrics
+        if metric.name == "flushed.sum"
+        for point in metric.gauge.data_points
+    ]
+    assert values == [2.5]
+
+
 # --- arguments
 
 
