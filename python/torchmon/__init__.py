@@ -54,7 +54,7 @@ _FROM_HANDLERS = frozenset(
 )
 
 
-# Multi-node helpers (docs/api.md, "`rank_info`"), also loaded on first use.
+# Multi-node helpers (docs/api.md, "`rank_info` and the per-rank sinks"), also loaded on first use.
 _FROM_RANK = frozenset(("RankInfo", "rank_info"))
 
 

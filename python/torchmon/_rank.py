@@ -2,10 +2,11 @@
 
 The sinks use it for default labels (``PrometheusEventHandler.serve``) and
 per-rank file names (``JsonlEventHandler.for_rank``); see docs/api.md
-("`rank_info`") and docs/guide.md ("Multi-node setups").
+("`rank_info` and the per-rank sinks") and docs/guide.md ("Multi-node setups").
 
-Only ``os`` at import: ``import torchmon`` loads this module on first use of
-``rank_info`` anyway (docs/performance.md, "`import torchmon`").
+``import torchmon`` loads this module when ``rank_info`` is first used, and
+it imports only ``os`` (``socket`` when called): docs/performance.md,
+"`import torchmon`".
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """torchmon.rank_info(): torchrun's environment as an immutable record
-(docs/api.md, "`rank_info` and `RankInfo`")."""
+(docs/api.md, "`rank_info` and the per-rank sinks")."""
 
 from __future__ import annotations
 

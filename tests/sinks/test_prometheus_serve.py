@@ -1,6 +1,6 @@
 """PrometheusEventHandler.serve(): one call per rank serving its own registry
 on port_base + LOCAL_RANK, with rank labels (docs/api.md,
-"`PrometheusEventHandler.serve`"). Real sockets on 127.0.0.1."""
+"`rank_info` and the per-rank sinks"). Real sockets on 127.0.0.1."""
 
 from __future__ import annotations
 
