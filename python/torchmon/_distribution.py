@@ -84,9 +84,20 @@ def representative(index: int) -> float:
     return value
 
 
+_UPPERS: dict[int, float] = {}
+
+
 def _upper(index: int) -> float:
     """The largest double in bucket ``index`` or below (``2**((index+1)/64)``
     rounded down), 0.0 below the subnormals."""
+    upper = _UPPERS.get(index)
+    if upper is None:
+        # Each Prometheus scrape asks for the same few bounds again.
+        upper = _UPPERS[index] = _find_upper(index)
+    return upper
+
+
+def _find_upper(index: int) -> float:
     if index < MIN_INDEX:
         return 0.0
     if index >= MAX_INDEX:
@@ -444,7 +455,12 @@ class Distribution:
             rank -= count
             if rank <= 0:
                 return representative(index)
-        return math.inf
+        rank -= self._positive_inf_count
+        if rank <= 0:
+            return math.inf
+        # Counts that do not add up to `count` (never made by a Stat, refused
+        # by the constructor): as the native quantile does.
+        return math.nan
 
     def merge(self, other: Distribution) -> Distribution:
         """The distribution of both windows' samples: counts added bucket by

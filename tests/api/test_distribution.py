@@ -14,57 +14,11 @@ from decimal import Decimal, getcontext
 from fractions import Fraction
 
 import pytest
+from dist_samples import from_samples, oracle_index
 from support import run_python
 
 import torchmon
 from torchmon import Distribution
-
-
-def oracle_index(x: float) -> int:
-    """The scale-6 bucket of |x| (finite, non-zero): 2**(i/64) < |x| <= 2**((i+1)/64),
-    from |x| = m / 2**s exactly."""
-    num, den = Fraction(abs(x)).as_integer_ratio()
-    if den > 1:
-        m, s = num, den.bit_length() - 1
-    else:
-        t = (num & -num).bit_length() - 1
-        m, s = num >> t, -t
-    p = m**64
-    i = (p.bit_length() - 1) - 64 * s
-    if m & (m - 1) == 0:
-        i -= 1
-    return i
-
-
-def from_samples(samples: list[float]) -> Distribution:
-    """The Distribution of a window of ``samples`` (no NaN min/max handling:
-    callers with NaN pass min/max themselves)."""
-    pos: dict[int, int] = {}
-    neg: dict[int, int] = {}
-    counts = {"zero_count": 0, "nan_count": 0, "positive_inf_count": 0, "negative_inf_count": 0}
-    for x in samples:
-        if math.isnan(x):
-            counts["nan_count"] += 1
-        elif x == math.inf:
-            counts["positive_inf_count"] += 1
-        elif x == -math.inf:
-            counts["negative_inf_count"] += 1
-        elif x == 0:
-            counts["zero_count"] += 1
-        elif x > 0:
-            pos[oracle_index(x)] = pos.get(oracle_index(x), 0) + 1
-        else:
-            neg[oracle_index(x)] = neg.get(oracle_index(x), 0) + 1
-    finite = [x for x in samples if not math.isnan(x)]
-    return Distribution(
-        count=len(samples),
-        sum=float(sum(samples)),
-        min=min(finite) if finite else math.nan,
-        max=max(finite) if finite else math.nan,
-        positive=sorted(pos.items()),
-        negative=sorted(neg.items()),
-        **counts,
-    )
 
 
 def in_bucket_of(value: float, sample: float) -> bool:
@@ -348,3 +302,33 @@ def test_distribution_is_imported_on_first_use() -> None:
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "ok"
     assert torchmon.Distribution is Distribution
+
+
+def test_from_core_counts_that_do_not_add_up_give_nan_as_the_native_quantile() -> None:
+    # count says 3 non-NaN samples, the buckets hold 1: ranks past it are NaN.
+    d = Distribution._from_core(3, 3.0, math.nan, math.nan, 0, 0, 0, 0, ((0, 1),), ())
+    assert math.isnan(d.quantile(1.0))
+    assert d.quantile(0.0) == float.fromhex("0x1.0163da9fb3335p+0")
+
+
+def test_representatives_lie_in_their_buckets_and_round_once() -> None:
+    import random
+    import struct
+
+    from torchmon._distribution import BUCKET_MIDPOINTS, bucket_index, representative
+
+    rng = random.Random(5)
+    indices = [-68737, -68673, -65473, -65409, -1, 0, 63, 65535]
+    indices += [rng.randrange(-68737, 65536) for _ in range(3000)]
+    for index in indices:
+        value = representative(index)
+        lower, upper = Distribution.bucket_bounds(index)
+        if lower < upper:  # a bucket that holds doubles
+            assert oracle_index(value) == index, index
+        if index >= -64 * 1022:  # normal: the midpoint, exactly scaled
+            assert value == BUCKET_MIDPOINTS[index % 64] * 2.0 ** (index // 64)
+    for _ in range(3000):
+        bits = rng.getrandbits(63)
+        x = struct.unpack("<d", struct.pack("<Q", bits))[0]
+        if x != 0 and math.isfinite(x):
+            assert bucket_index(x) == oracle_index(x), x
