@@ -233,6 +233,56 @@ def test_gauges_and_histogram_arrive_exact(rank3: None) -> None:
     assert point.start_time_unix_nano < point.time_unix_nano
 
 
+def test_real_stat_windows_end_to_end(rank3: None) -> None:
+    """A Stat with P50/P99 through the registry: each closed window's
+    distribution is merged into the cumulative point, bucket counts equal to
+    the oracle's over every sample, sum exact, p99 gauge present."""
+    windows = [
+        [0.010, 0.012, 0.011, 0.250, 0.013],
+        [0.009, 0.014, 1.5, 0.011],
+        [2.0**-3, 3.0, 0.0, -1.0],
+    ]
+
+    def push(endpoint: str) -> None:
+        with ManualClock(0) as clock:
+            # 8.4 octaves, 537 buckets: kept at scale 6 (downscaling is tested below).
+            sink = OpenTelemetryEventHandler.otlp(
+                endpoint, export_interval=math.inf, max_buckets=1000
+            )
+            handle = torchmon.register_event_handler(sink)
+            try:
+                step = Stat(
+                    "train.step_time",
+                    [Aggregation.COUNT, Aggregation.SUM, torchmon.P50, torchmon.P99],
+                    1.0,
+                )
+                for samples in windows:
+                    for v in samples:
+                        step.add(v)
+                    clock.advance(1000)
+                step.add(0.5)  # closes the third window; this one stays open
+            finally:
+                torchmon.unregister_event_handler(handle)
+                sink.close()
+
+    hist, p99 = through_oteltap(push, [named("train.step_time", 13), named("train.step_time.p99")])
+    # The last window's p99: rank ceil(0.99 * 4) = 4 of 4 is its MAX, exactly.
+    assert p99.gauge.data_points[0].as_double == 3.0
+    (point,) = hist.exponential_histogram.data_points
+    everything = [x for w in windows for x in w]
+    assert point.scale == 6
+    assert point.count == 13
+    assert point.zero_count == 1
+    assert point.sum == sum(sum(w) for w in windows)
+    assert (point.min, point.max) == (-1.0, 3.0)
+    assert (point.positive.offset, list(point.positive.bucket_counts)) == dense(
+        buckets_of(x for x in everything if x > 0)
+    )
+    assert (point.negative.offset, list(point.negative.bucket_counts)) == dense(
+        buckets_of(-x for x in everything if x < 0)
+    )
+
+
 def test_downscaled_to_max_buckets(rank3: None) -> None:
     """Samples over nine decades need ~1900 buckets at scale 6: with
     max_buckets=40 the point is at the largest scale whose span fits, the

@@ -731,7 +731,7 @@ class OpenTelemetryEventHandler(ClosesOnExit):
         # finite_only: the SDK would drop NaN and the infinities, logging a warning each time.
         set_numeric_values(event.data, self._gauge, self._set, finite_only=True)
         histograms = self._histograms
-        distribution = getattr(event, "distribution", None)
+        distribution = event.distribution
         if histograms is None or distribution is None:
             return
         stat = _stat_name(event.data)
