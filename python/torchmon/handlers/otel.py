@@ -1,5 +1,7 @@
-"""OpenTelemetry sink: Stat windows become synchronous gauges
-(needs ``pip install opentelemetry-sdk``).
+"""OpenTelemetry sink: Stat windows become synchronous gauges, and the
+distributions of Stats with P aggregations exponential histograms
+(needs ``pip install opentelemetry-sdk``; OTLP push also
+``opentelemetry-exporter-otlp-proto-http``). See docs/sinks.md.
 
 ``opentelemetry`` is imported when a handler is created, never by
 ``import torchmon``.
@@ -7,17 +9,33 @@
 
 from __future__ import annotations
 
+import atexit
+import math
+import os
 import re
+import time
+import weakref
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Union
+from typing import TYPE_CHECKING, Any, Callable, Union
 
 from .._core import STAT_EVENT, Event
+from .._flush import _register_flushable
 from .._forksafe import new_lock
-from ._common import check_mapping, require, set_numeric_values, stat_description
+from ._common import ClosesOnExit, check_mapping, require, set_numeric_values, stat_description
 
 if TYPE_CHECKING:
     from opentelemetry.metrics import Meter, MeterProvider
     from opentelemetry.metrics import _Gauge as Gauge  # public only under this name
+    from opentelemetry.sdk.metrics import MeterProvider as SdkMeterProvider
+    from opentelemetry.sdk.metrics.export import (
+        ExponentialHistogramDataPoint,
+        Metric,
+        MetricExporter,
+        MetricsData,
+    )
+    from opentelemetry.sdk.resources import Resource
+
+    from .._distribution import Distribution
 
 __all__ = ["OpenTelemetryEventHandler", "otel_instrument_name"]
 
@@ -41,6 +59,156 @@ def otel_instrument_name(key: str) -> str:
     return name[:_MAX_INSTRUMENT_NAME]
 
 
+_P_SUFFIXES = frozenset(("p50", "p90", "p95", "p99", "p999"))
+
+# The distributions of a Stat are base-2 exponential histograms at scale 6
+# (docs/api.md): OpenTelemetry's ExponentialHistogram buckets at that scale.
+_SCALE = 6
+# OpenTelemetry's smallest scale: its buckets hold 2**1024 : 1, so every
+# double falls into 3 of them (docs/sinks.md, "OpenTelemetry").
+_MIN_SCALE = -10
+DEFAULT_MAX_BUCKETS = 160  # the OpenTelemetry SDK's default max_size
+
+
+def _stat_name(data: Mapping[str, object]) -> str | None:
+    """The Stat's name of a window event that carries a distribution: the
+    prefix of its ``<name>.p50``-like keys (such a Stat has at least one)."""
+    for key in data:
+        name, _, suffix = key.rpartition(".")
+        if name and suffix in _P_SUFFIXES:
+            return name
+    return None
+
+
+def _downscale(buckets: Mapping[int, int], shift: int) -> dict[int, int]:
+    """Scale-6 bucket counts at scale ``6 - shift``: bucket ``i`` lies in
+    bucket ``i >> shift`` (floor division, negative indices included), so
+    the merge is exact."""
+    if shift == 0:
+        return dict(buckets)
+    merged: dict[int, int] = {}
+    for index, count in buckets.items():
+        merged[index >> shift] = merged.get(index >> shift, 0) + count
+    return merged
+
+
+def _span(buckets: Mapping[int, int], shift: int) -> int:
+    if not buckets:
+        return 0
+    return (max(buckets) >> shift) - (min(buckets) >> shift) + 1
+
+
+def _shift_for(positive: Mapping[int, int], negative: Mapping[int, int], max_buckets: int) -> int:
+    """The fewest halvings of the scale after which each of the two dense
+    bucket ranges has at most ``max_buckets`` buckets (OpenTelemetry's
+    ``max_size``: one scale for both ranges)."""
+    shift = 0
+    while shift < _SCALE - _MIN_SCALE and (
+        _span(positive, shift) > max_buckets or _span(negative, shift) > max_buckets
+    ):
+        shift += 1
+    return shift
+
+
+def _dense(buckets: Mapping[int, int]) -> tuple[int, list[int]]:
+    """(offset, counts) of OpenTelemetry's dense bucket range."""
+    if not buckets:
+        return 0, []
+    offset = min(buckets)
+    counts = [0] * (max(buckets) - offset + 1)
+    for index, count in buckets.items():
+        counts[index - offset] += count
+    return offset, counts
+
+
+class _Histogram:
+    """The windows of one Stat merged at scale 6, as one OpenTelemetry
+    exponential histogram point holds them (docs/sinks.md, "OpenTelemetry").
+
+    NaN and the infinities have no bucket: they are left out of the buckets
+    and of ``count``. A window that had any leaves the point's ``sum`` unknown
+    from then on (the window's SUM is NaN or infinite, and the sum of its
+    finite samples was not kept); likewise ``min`` after a window whose MIN is
+    not a finite value of a NaN-free window, and ``max``.
+    """
+
+    __slots__ = ("max", "min", "negative", "positive", "sum", "zero_count")
+
+    def __init__(self) -> None:
+        self.zero_count = 0
+        self.positive: dict[int, int] = {}
+        self.negative: dict[int, int] = {}
+        self.sum: float | None = 0.0
+        # inf / -inf: no finite sample yet; None: unknown.
+        self.min: float | None = math.inf
+        self.max: float | None = -math.inf
+
+    def add(self, distribution: Distribution) -> None:
+        if distribution.scale != _SCALE:
+            raise ValueError(
+                f"OpenTelemetryEventHandler: distributions of scale {distribution.scale} "
+                f"are not supported (Stats make scale {_SCALE})"
+            )
+        finite = distribution.zero_count
+        self.zero_count += distribution.zero_count
+        for side, buckets in (
+            (self.positive, distribution.positive),
+            (self.negative, distribution.negative),
+        ):
+            for index, count in buckets:
+                side[index] = side.get(index, 0) + count
+                finite += count
+        non_finite = (
+            distribution.nan_count
+            + distribution.positive_inf_count
+            + distribution.negative_inf_count
+        )
+        total = float(distribution.sum)
+        if self.sum is not None:
+            self.sum = self.sum + total if non_finite == 0 and math.isfinite(total) else None
+        if finite == 0:
+            return  # min and max of no finite sample: nothing to combine
+        low, high = float(distribution.min), float(distribution.max)
+        known = distribution.nan_count == 0
+        if self.min is not None:
+            self.min = min(self.min, low) if known and math.isfinite(low) else None
+        if self.max is not None:
+            self.max = max(self.max, high) if known and math.isfinite(high) else None
+
+    def point(
+        self,
+        attributes: Mapping[str, _AttributeValue],
+        start_ns: int,
+        now_ns: int,
+        max_buckets: int,
+    ) -> ExponentialHistogramDataPoint:
+        from opentelemetry.sdk.metrics.export import Buckets, ExponentialHistogramDataPoint
+
+        shift = _shift_for(self.positive, self.negative, max_buckets)
+        positive_offset, positive = _dense(_downscale(self.positive, shift))
+        negative_offset, negative = _dense(_downscale(self.negative, shift))
+        # The SDK's point class types sum, min and max as floats, but its
+        # OTLP encoder leaves a None out (they are optional fields of the
+        # protocol): that is how an unknown value is sent. min stays inf and
+        # max -inf while no finite sample arrived: none to report.
+        low: Any = self.min if self.min is not None and math.isfinite(self.min) else None
+        high: Any = self.max if self.max is not None and math.isfinite(self.max) else None
+        return ExponentialHistogramDataPoint(
+            attributes=dict(attributes),
+            start_time_unix_nano=start_ns,
+            time_unix_nano=now_ns,
+            count=self.zero_count + sum(positive) + sum(negative),
+            sum=self.sum,  # type: ignore[arg-type]
+            scale=_SCALE - shift,
+            zero_count=self.zero_count,
+            positive=Buckets(offset=positive_offset, bucket_counts=positive),
+            negative=Buckets(offset=negative_offset, bucket_counts=negative),
+            flags=0,
+            min=low,
+            max=high,
+        )
+
+
 def _check_attribute_key(key: str) -> None:
     if not key:
         raise ValueError("OpenTelemetryEventHandler(attributes): keys must not be empty")
@@ -58,8 +226,215 @@ def _check_attributes(attributes: object) -> dict[str, _AttributeValue]:
     )
 
 
-class OpenTelemetryEventHandler:
-    """An event handler recording every Stat window with OpenTelemetry gauges.
+def _rank_identity() -> tuple[dict[str, str], dict[str, str]]:
+    """(point attributes, resource attributes) of this rank for ``otlp()``:
+    the Prometheus sink's labels (``RankInfo.labels()``: rank, local_rank,
+    node, job) on every point, and a ``service.instance.id`` distinct per
+    process in the resource."""
+    from .._rank import rank_info
+
+    info = rank_info()
+    # The pid tells apart two jobs' rank 0 on one host, and a restarted rank
+    # (a new cumulative series) from its predecessor.
+    resource = {
+        "service.instance.id": f"{info.host}/rank{info.rank}/pid{os.getpid()}",
+        "host.name": info.host,
+    }
+    return info.labels(), resource
+
+
+class _Histograms:
+    """The exponential histograms of a handler that owns its exporter: one
+    per (Stat name) series, added to every collection of its reader."""
+
+    __slots__ = (
+        "_attributes",
+        "_delta",
+        "_histograms",
+        "_lock",
+        "_max_buckets",
+        "_resource",
+        "_scope",
+        "_start_ns",
+    )
+
+    def __init__(
+        self,
+        *,
+        scope: Any,
+        resource: Resource,
+        attributes: Mapping[str, _AttributeValue],
+        max_buckets: int,
+        delta: bool,
+    ) -> None:
+        self._scope = scope
+        self._resource = resource
+        self._attributes = dict(attributes)
+        self._max_buckets = max_buckets
+        self._delta = delta
+        # name -> (description, histogram); a delta collection empties it.
+        self._histograms: dict[str, tuple[str, _Histogram]] = {}
+        self._start_ns = time.time_ns()
+        self._lock = new_lock()
+
+    def add(self, name: str, description: str, distribution: Distribution) -> None:
+        with self._lock:
+            entry = self._histograms.get(name)
+            if entry is None:
+                entry = self._histograms[name] = (description, _Histogram())
+            entry[1].add(distribution)
+
+    def metrics(self) -> list[Metric]:
+        from opentelemetry.sdk.metrics.export import (
+            AggregationTemporality,
+            ExponentialHistogram,
+            Metric,
+        )
+
+        now = time.time_ns()
+        with self._lock:
+            taken = list(self._histograms.items())
+            start = self._start_ns
+            if self._delta:
+                self._histograms = {}
+                self._start_ns = now
+        temporality = (
+            AggregationTemporality.DELTA if self._delta else AggregationTemporality.CUMULATIVE
+        )
+        return [
+            Metric(
+                name=name,
+                description=description,
+                unit="",
+                data=ExponentialHistogram(
+                    data_points=[histogram.point(self._attributes, start, now, self._max_buckets)],
+                    aggregation_temporality=temporality,
+                ),
+            )
+            for name, (description, histogram) in taken
+        ]
+
+    def attach(self, data: MetricsData) -> MetricsData:
+        """``data`` (a collection of the handler's provider) with the
+        histograms in the handler's scope."""
+        from opentelemetry.sdk.metrics.export import MetricsData, ResourceMetrics, ScopeMetrics
+
+        metrics = self.metrics()
+        if not metrics:
+            return data
+        resources = list(data.resource_metrics) or [
+            ResourceMetrics(resource=self._resource, scope_metrics=[], schema_url="")
+        ]
+        first = resources[0]
+        scopes = list(first.scope_metrics)
+        for i, scope_metrics in enumerate(scopes):
+            if scope_metrics.scope == self._scope:
+                scopes[i] = ScopeMetrics(
+                    scope=scope_metrics.scope,
+                    metrics=[*scope_metrics.metrics, *metrics],
+                    schema_url=scope_metrics.schema_url,
+                )
+                break
+        else:
+            scopes.append(ScopeMetrics(scope=self._scope, metrics=metrics, schema_url=""))
+        resources[0] = ResourceMetrics(
+            resource=first.resource, scope_metrics=scopes, schema_url=first.schema_url
+        )
+        return MetricsData(resource_metrics=resources)
+
+
+_reader_class: Any = None
+
+
+def _periodic_reader(
+    exporter: MetricExporter,
+    histograms: _Histograms,
+    interval_ms: float | None,
+    timeout_ms: float | None,
+) -> Any:
+    """The SDK's PeriodicExportingMetricReader, adding the histograms to each
+    collection: the SDK's instruments take one measurement at a time, and
+    nothing in its API takes an aggregated histogram, so they join the
+    collection on its way to the exporter (``_receive_metrics``, the method
+    the SDK documents for reader subclasses to override)."""
+    global _reader_class
+    if _reader_class is None:
+        from opentelemetry.sdk.metrics.export import PeriodicExportingMetricReader
+
+        class _Reader(PeriodicExportingMetricReader):
+            def __init__(
+                self,
+                exporter: MetricExporter,
+                histograms: _Histograms,
+                interval_ms: float | None,
+                timeout_ms: float | None,
+            ) -> None:
+                # Set before the base class starts the exporting thread.
+                self._torchmon_histograms = histograms
+                super().__init__(
+                    exporter, export_interval_millis=interval_ms, export_timeout_millis=timeout_ms
+                )
+
+            def _receive_metrics(
+                self, metrics_data: MetricsData, timeout_millis: float = 10_000, **kwargs: Any
+            ) -> None:
+                metrics_data = self._torchmon_histograms.attach(metrics_data)
+                super()._receive_metrics(metrics_data, timeout_millis, **kwargs)
+
+        _reader_class = _Reader
+    return _reader_class(exporter, histograms, interval_ms, timeout_ms)
+
+
+def _close_at_exit(handler: OpenTelemetryEventHandler) -> Callable[[], None]:
+    """Registers ``handler.close()`` to run at interpreter exit, holding the
+    handler weakly. Registered when the handler is made, so it runs after
+    torchmon's exit flush of the Stats' open windows (``atexit`` runs the
+    last registered first, and that flush registers itself at thread
+    shutdown): the last windows are exported."""
+    ref = weakref.ref(handler)
+
+    def close() -> None:
+        alive = ref()
+        if alive is not None:
+            alive.close()
+
+    atexit.register(close)
+    return close
+
+
+def _seconds_to_ms(value: object, argument: str) -> float | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(
+            f"OpenTelemetryEventHandler({argument}): must be a number of seconds or None, "
+            f"not {type(value).__name__}"
+        )
+    if not value > 0:  # also NaN
+        raise ValueError(
+            f"OpenTelemetryEventHandler({argument}): must be > 0 seconds, got {value!r}"
+        )
+    return float(value) * 1000.0
+
+
+def _check_max_buckets(max_buckets: object) -> int:
+    if isinstance(max_buckets, bool) or not isinstance(max_buckets, int):
+        raise TypeError(
+            "OpenTelemetryEventHandler(max_buckets): must be an int, "
+            f"not {type(max_buckets).__name__}"
+        )
+    if max_buckets < 3:
+        raise ValueError(
+            "OpenTelemetryEventHandler(max_buckets): must be >= 3 (at OpenTelemetry's "
+            f"smallest scale every double falls into 3 buckets), got {max_buckets}"
+        )
+    return max_buckets
+
+
+class OpenTelemetryEventHandler(ClosesOnExit):
+    """An event handler recording every Stat window with OpenTelemetry gauges,
+    and the distributions of Stats with P aggregations as exponential
+    histograms when it owns its exporter.
 
     For each ``torch.monitor.Stat`` event, each data item ``"<stat>.<agg>"``
     (``"train.loss.mean": 0.25``) is recorded (``Gauge.set``) on the
@@ -69,15 +444,32 @@ class OpenTelemetryEventHandler:
     non-numeric (``str``, ``bool``) values and NaN and the infinities, which
     OpenTelemetry gauges do not take (the gauge keeps its previous value).
 
+    Where the metrics go, one of:
+
     - ``meter_provider``: an ``opentelemetry.metrics.MeterProvider`` (such as
-      ``opentelemetry.sdk.metrics.MeterProvider``); ``None`` means the global
-      one (``opentelemetry.metrics.get_meter_provider()``: set it with
-      ``set_meter_provider``, before or after creating the handler).
+      ``opentelemetry.sdk.metrics.MeterProvider``); ``None`` (and no
+      ``exporter``) means the global one
+      (``opentelemetry.metrics.get_meter_provider()``: set it with
+      ``set_meter_provider``, before or after creating the handler). Gauges
+      only: the SDK's instruments take single measurements, not a window's
+      histogram (docs/sinks.md).
+    - ``exporter``: an ``opentelemetry.sdk.metrics.export.MetricExporter``
+      (an OTLP exporter, see :meth:`otlp`). The handler makes its own meter
+      provider with ``resource``, exporting every ``export_interval``
+      seconds (``None``: the SDK's default, ``OTEL_METRIC_EXPORT_INTERVAL`` or
+      60 s; ``math.inf``: only at :meth:`flush` and :meth:`close`), and adds
+      each Stat's merged distribution as an ExponentialHistogram point named
+      after the Stat (``train.step_time``), with at most ``max_buckets``
+      buckets per sign (OpenTelemetry's ``max_size``; fewer by lowering the
+      scale). The histograms follow the exporter's preferred temporality for
+      histograms: cumulative (all windows since the handler was created), or
+      delta (the windows since the previous export).
+
     - ``meter_name``: the instrumentation scope of the meter (default
       ``"torchmon"``).
-    - ``attributes``: constant attributes put on every measurement, e.g.
-      ``{"rank": 0, "job": "pretrain"}`` (values ``str``, ``bool``, ``int`` or
-      ``float``).
+    - ``attributes``: constant attributes put on every measurement and
+      histogram point, e.g. ``{"rank": 0, "job": "pretrain"}`` (values
+      ``str``, ``bool``, ``int`` or ``float``).
 
     The measurement's time is when the reader collects it, not the event's
     timestamp (OpenTelemetry gauges take no time). Instrument names are
@@ -86,7 +478,18 @@ class OpenTelemetryEventHandler:
     Synchronous gauges need opentelemetry-api 1.23 or later.
     """
 
-    __slots__ = ("_attributes", "_gauges", "_lock", "_meter", "_sources")
+    __slots__ = (
+        "__weakref__",  # torchmon.flush() and the exit hook hold it weakly
+        "_at_exit",
+        "_attributes",
+        "_closed",
+        "_gauges",
+        "_histograms",
+        "_lock",
+        "_meter",
+        "_provider",
+        "_sources",
+    )
 
     def __init__(
         self,
@@ -94,6 +497,10 @@ class OpenTelemetryEventHandler:
         meter_provider: MeterProvider | None = None,
         meter_name: str = "torchmon",
         attributes: Mapping[str, _AttributeValue] | None = None,
+        exporter: MetricExporter | None = None,
+        export_interval: float | None = None,
+        resource: Resource | None = None,
+        max_buckets: int = DEFAULT_MAX_BUCKETS,
     ) -> None:
         require(
             "OpenTelemetryEventHandler",
@@ -106,14 +513,6 @@ class OpenTelemetryEventHandler:
 
         from .. import __version__
 
-        if meter_provider is None:
-            meter_provider = metrics.get_meter_provider()
-        elif not isinstance(meter_provider, metrics.MeterProvider):
-            raise TypeError(
-                "OpenTelemetryEventHandler(meter_provider): must be an "
-                "opentelemetry.metrics.MeterProvider or None, "
-                f"not {type(meter_provider).__name__}"
-            )
         if not isinstance(meter_name, str):
             raise TypeError(
                 "OpenTelemetryEventHandler(meter_name): must be a str, "
@@ -122,6 +521,29 @@ class OpenTelemetryEventHandler:
         if not meter_name:
             raise ValueError("OpenTelemetryEventHandler(meter_name): must not be empty")
         self._attributes = _check_attributes(attributes)
+        self._histograms: _Histograms | None = None
+        self._provider: SdkMeterProvider | None = None
+        if exporter is not None:
+            if meter_provider is not None:
+                raise ValueError(
+                    "OpenTelemetryEventHandler(exporter): give an exporter or a "
+                    "meter_provider, not both"
+                )
+            meter_provider = self._own_provider(
+                exporter, meter_name, export_interval, resource, max_buckets
+            )
+        else:
+            for name, value in (("export_interval", export_interval), ("resource", resource)):
+                if value is not None:
+                    raise ValueError(f"OpenTelemetryEventHandler({name}): only with an exporter")
+            if meter_provider is None:
+                meter_provider = metrics.get_meter_provider()
+            elif not isinstance(meter_provider, metrics.MeterProvider):
+                raise TypeError(
+                    "OpenTelemetryEventHandler(meter_provider): must be an "
+                    "opentelemetry.metrics.MeterProvider or None, "
+                    f"not {type(meter_provider).__name__}"
+                )
         meter: Meter = meter_provider.get_meter(meter_name, __version__)
         if not callable(getattr(meter, "create_gauge", None)):
             raise ImportError(
@@ -130,35 +552,221 @@ class OpenTelemetryEventHandler:
             )
         self._meter = meter
         self._gauges: dict[str, Gauge] = {}  # lower-cased instrument name -> gauge
-        self._sources: dict[str, str] = {}  # lower-cased instrument name -> data key
+        # Lower-cased instrument name -> the data key of its gauge, or the
+        # Stat name of its histogram (kept apart by the second item).
+        self._sources: dict[str, tuple[str, bool]] = {}
         self._lock = new_lock()
+        self._closed = False
+        self._at_exit: Callable[[], None] | None = None
+        if self._provider is not None:
+            _register_flushable(self)
+            self._at_exit = _close_at_exit(self)
+
+    def _own_provider(
+        self,
+        exporter: object,
+        meter_name: str,
+        export_interval: object,
+        resource: object,
+        max_buckets: object,
+    ) -> SdkMeterProvider:
+        require(
+            "OpenTelemetryEventHandler(exporter)",
+            "opentelemetry.sdk.metrics",
+            library="the opentelemetry SDK",
+            pip_name="opentelemetry-sdk",
+            extra="otel",
+        )
+        from opentelemetry.sdk.metrics import Histogram, MeterProvider
+        from opentelemetry.sdk.metrics.export import AggregationTemporality, MetricExporter
+        from opentelemetry.sdk.resources import Resource
+        from opentelemetry.sdk.util.instrumentation import InstrumentationScope
+
+        from .. import __version__
+
+        if not isinstance(exporter, MetricExporter):
+            raise TypeError(
+                "OpenTelemetryEventHandler(exporter): must be an opentelemetry.sdk.metrics."
+                f"export.MetricExporter or None, not {type(exporter).__name__}"
+            )
+        interval_ms = _seconds_to_ms(export_interval, "export_interval")
+        if resource is None:
+            resource = Resource.create()
+        elif not isinstance(resource, Resource):
+            raise TypeError(
+                "OpenTelemetryEventHandler(resource): must be an "
+                f"opentelemetry.sdk.resources.Resource or None, not {type(resource).__name__}"
+            )
+        # The exporter's wish, as the SDK's own reader reads it (an OTLP
+        # exporter: OTEL_EXPORTER_OTLP_METRICS_TEMPORALITY_PREFERENCE).
+        preferred = getattr(exporter, "_preferred_temporality", None) or {}
+        delta = preferred.get(Histogram) == AggregationTemporality.DELTA
+        self._histograms = _Histograms(
+            scope=InstrumentationScope(meter_name, __version__, None, None),
+            resource=resource,
+            attributes=self._attributes,
+            max_buckets=_check_max_buckets(max_buckets),
+            delta=delta,
+        )
+        reader = _periodic_reader(exporter, self._histograms, interval_ms, None)
+        # Not the provider's own exit hook: its shutdown exports only if the
+        # reader has a thread (not with export_interval=math.inf); close() does.
+        self._provider = MeterProvider(
+            metric_readers=[reader], resource=resource, shutdown_on_exit=False
+        )
+        return self._provider
+
+    @classmethod
+    def otlp(
+        cls,
+        endpoint: str | None = None,
+        *,
+        headers: Mapping[str, str] | None = None,
+        export_interval: float | None = None,
+        timeout: float | None = None,
+        attributes: Mapping[str, _AttributeValue] | None = None,
+        resource_attributes: Mapping[str, _AttributeValue] | None = None,
+        meter_name: str = "torchmon",
+        max_buckets: int = DEFAULT_MAX_BUCKETS,
+    ) -> OpenTelemetryEventHandler:
+        """A handler pushing this rank's metrics over OTLP/HTTP (needs
+        ``pip install opentelemetry-exporter-otlp-proto-http``).
+
+        ``endpoint`` is the metrics URL (``http://collector:4318/v1/metrics``);
+        ``None`` leaves it, ``headers`` and ``timeout`` (seconds) to the
+        exporter's ``OTEL_EXPORTER_OTLP_*`` environment variables. The points
+        carry this rank's ``rank``, ``local_rank``, ``node`` and ``job``
+        (torchrun's ``RANK``, ``LOCAL_RANK``, ``GROUP_RANK`` and
+        ``TORCHELASTIC_RUN_ID``; the Prometheus sink's labels) and then
+        ``attributes``; the resource has ``service.name`` ``"torchmon"``
+        (unless ``OTEL_SERVICE_NAME`` or ``OTEL_RESOURCE_ATTRIBUTES`` name
+        one), a ``service.instance.id`` distinct per process
+        (``<host>/rank<rank>/pid<pid>``), ``host.name``, then
+        ``OTEL_RESOURCE_ATTRIBUTES`` and ``resource_attributes``.
+        The other arguments are the constructor's (docs/sinks.md).
+        """
+        require(
+            "OpenTelemetryEventHandler.otlp",
+            "opentelemetry.exporter.otlp.proto.http.metric_exporter",
+            library="the OTLP/HTTP exporter",
+            pip_name="opentelemetry-exporter-otlp-proto-http",
+            extra="otlp",
+        )
+        from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter
+        from opentelemetry.sdk.resources import SERVICE_NAME, OTELResourceDetector, Resource
+
+        if endpoint is not None and not isinstance(endpoint, str):
+            raise TypeError(
+                "OpenTelemetryEventHandler.otlp(endpoint): must be a str or None, "
+                f"not {type(endpoint).__name__}"
+            )
+        if headers is not None and (
+            not isinstance(headers, Mapping)
+            or not all(isinstance(k, str) and isinstance(v, str) for k, v in headers.items())
+        ):
+            raise TypeError("OpenTelemetryEventHandler.otlp(headers): must map str to str")
+        timeout_ms = _seconds_to_ms(timeout, "timeout")
+        labels, identity = _rank_identity()
+        extra = _check_attributes(resource_attributes)
+        # Ours are defaults: OTEL_SERVICE_NAME and OTEL_RESOURCE_ATTRIBUTES
+        # override them (Resource.create alone would let ours win), and
+        # resource_attributes override everything.
+        resource = (
+            Resource.create({SERVICE_NAME: "torchmon", **identity})
+            .merge(OTELResourceDetector().detect())
+            .merge(Resource(extra))
+        )
+        exporter = OTLPMetricExporter(
+            endpoint=endpoint,
+            headers=dict(headers) if headers is not None else None,
+            timeout=timeout_ms / 1000.0 if timeout_ms is not None else None,
+        )
+        return cls(
+            exporter=exporter,
+            export_interval=export_interval,
+            resource=resource,
+            attributes={**labels, **_check_attributes(attributes)},
+            meter_name=meter_name,
+            max_buckets=max_buckets,
+        )
+
+    def _claim(self, name: str, source: str, histogram: bool) -> bool:
+        """Claims the instrument name for a gauge's data key or a histogram's
+        Stat name; False if it is new. Raises ValueError if another source
+        holds it (names are case-insensitive)."""
+        folded = name.lower()
+        held = self._sources.get(folded)
+        if held is None:
+            self._sources[folded] = (source, histogram)
+            return False
+        if held != (source, histogram):
+
+            def named(source: str, histogram: bool) -> str:
+                return f"the histogram of Stat {source!r}" if histogram else repr(source)
+
+            both = (
+                f"Stat keys {held[0]!r} and {source!r}"
+                if not (held[1] or histogram)
+                else f"{named(*held)} and {named(source, histogram)}"
+            )
+            raise ValueError(
+                f"OpenTelemetryEventHandler: {both} both map to the instrument name "
+                f"{name!r} (names are case-insensitive)"
+            )
+        return True
 
     def _gauge(self, key: str) -> Gauge:
         """The gauge for a data key, created on first sight."""
         name = otel_instrument_name(key)
-        folded = name.lower()
         with self._lock:
-            source = self._sources.get(folded)
-            if source is None:
+            if not self._claim(name, key, False):
                 gauge = self._meter.create_gauge(name, description=stat_description(key))
-                self._gauges[folded] = gauge
-                self._sources[folded] = key
+                self._gauges[name.lower()] = gauge
                 return gauge
-        if source != key:
-            raise ValueError(
-                f"OpenTelemetryEventHandler: Stat keys {source!r} and {key!r} both map to "
-                f"the instrument name {name!r} (names are case-insensitive)"
-            )
-        return self._gauges[folded]
+            return self._gauges[name.lower()]
 
     def __call__(self, event: Event) -> None:
-        if event.name != STAT_EVENT:
+        if event.name != STAT_EVENT or self._closed:
             return
         # finite_only: the SDK would drop NaN and the infinities, logging a warning each time.
         set_numeric_values(event.data, self._gauge, self._set, finite_only=True)
+        histograms = self._histograms
+        distribution = event.distribution
+        if histograms is None or distribution is None:
+            return
+        stat = _stat_name(event.data)
+        if stat is None:
+            return
+        name = otel_instrument_name(stat)
+        with self._lock:
+            self._claim(name, stat, True)
+        histograms.add(name, f"torchmon Stat {stat!r}, distribution of its samples", distribution)
 
     def _set(self, gauge: Gauge, value: float) -> None:
         gauge.set(value, attributes=self._attributes)
+
+    def flush(self, timeout: float = 10.0) -> None:
+        """Exports now (with an exporter; otherwise nothing to do): what the
+        gauges hold and the histograms. ``torchmon.flush()`` calls it after
+        the Stats' open windows reached this handler."""
+        if self._provider is not None and not self._closed:
+            self._provider.force_flush(timeout_millis=timeout * 1000.0)
+
+    def close(self) -> None:
+        """Exports a last time and shuts down the handler's own meter
+        provider and exporter (with an exporter; otherwise nothing to do).
+        Later events are ignored. Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        if self._at_exit is not None:
+            atexit.unregister(self._at_exit)
+            self._at_exit = None
+        if self._provider is not None:
+            # The reader's shutdown collects once more only if it has an
+            # exporting thread: export_interval=math.inf has none.
+            self._provider.force_flush()
+            self._provider.shutdown()
 
     def __repr__(self) -> str:
         return (
