@@ -25,11 +25,15 @@ if TYPE_CHECKING:
 
     from .._distribution import Distribution
 
-__all__ = ["PrometheusEventHandler", "prometheus_metric_name"]
+__all__ = ["DEFAULT_HISTOGRAM_RANGE", "PrometheusEventHandler", "prometheus_metric_name"]
 
 _METRIC_NAME = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*\Z")
 _LABEL_NAME = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*\Z")
 _INVALID_METRIC_CHAR = re.compile(r"[^a-zA-Z0-9_:]")
+
+# 1 µs to 12 days in seconds (1 ns to 17 min in milliseconds): any duration a
+# training job times, at 4 bounds per octave 161 bounds (docs/sinks.md).
+DEFAULT_HISTOGRAM_RANGE = (2.0**-20, 2.0**20)
 
 
 def prometheus_metric_name(key: str, prefix: str = "") -> str:
@@ -88,8 +92,14 @@ class PrometheusEventHandler(ClosesOnExit):
       also exported as the cumulative histogram
       ``prefix + prometheus_metric_name(<stat>) + "_histogram"``, summed
       over every window, with this many ``le`` bounds per power of two (1,
-      2, 4, 8, 16, 32 or 64); ``None`` exports no histogram. See
-      :class:`_DistributionHistogram` and docs/sinks.md ("Prometheus").
+      2, 4, 8, 16, 32 or 64); ``None`` exports no histogram.
+    - ``histogram_range``: ``(lo, hi)``, ``0 < lo < hi``, both finite
+      (default ``(2**-20, 2**20)``): the histogram's ``le`` bounds are
+      ``0.0``, then every bound from the largest one at or below ``lo`` to
+      the smallest one at or above ``hi``, then ``+Inf``: the same set on
+      every rank from the first scrape, whatever the data, so that
+      ``sum by (le)`` across ranks adds like with like. See
+      :class:`_HistogramLayout` and docs/sinks.md ("Prometheus").
 
     A metric name belongs to one handler per registry: a name that is already
     registered there (by another handler or collector) raises ``ValueError``
@@ -105,8 +115,8 @@ class PrometheusEventHandler(ClosesOnExit):
         "_gauges",
         "_histograms",
         "_labels",
+        "_layout",
         "_lock",
-        "_per_octave",
         "_prefix",
         "_registry",
         "_server",
@@ -120,6 +130,7 @@ class PrometheusEventHandler(ClosesOnExit):
         prefix: str = "",
         labels: Mapping[str, str] | None = None,
         histogram_buckets_per_octave: int | None = 4,
+        histogram_range: tuple[float, float] = DEFAULT_HISTOGRAM_RANGE,
     ) -> None:
         require(
             "PrometheusEventHandler",
@@ -147,7 +158,10 @@ class PrometheusEventHandler(ClosesOnExit):
                 "prefix (must match [a-zA-Z_:][a-zA-Z0-9_:]*)"
             )
         self._labels = _check_labels(labels)
-        self._per_octave = _check_per_octave(histogram_buckets_per_octave)
+        per_octave = _check_per_octave(histogram_buckets_per_octave)
+        lo, hi = _check_range(histogram_range)
+        # Computed once: every histogram of this handler has these bounds.
+        self._layout = None if per_octave is None else _HistogramLayout(per_octave, lo, hi)
         # metric name -> its histogram, created at the first window that has one.
         self._histograms: dict[str, _DistributionHistogram] = {}
         self._registry = registry
@@ -284,7 +298,7 @@ class PrometheusEventHandler(ClosesOnExit):
                 raise ValueError("PrometheusEventHandler is closed")
             data = event.data
             distribution = getattr(event, "distribution", None)
-            if distribution is None or self._per_octave is None:
+            if distribution is None or self._layout is None:
                 set_numeric_values(data, self._gauge, _set_gauge)
                 return
             try:
@@ -309,10 +323,8 @@ class PrometheusEventHandler(ClosesOnExit):
                     f"PrometheusEventHandler: the histogram of Stat {stat!r} and the gauge "
                     f"of {source!r} both map to the metric name {name!r}"
                 )
-            assert self._per_octave is not None
-            histogram = _DistributionHistogram(
-                name, stat, self._labels, self._per_octave, self._lock
-            )
+            assert self._layout is not None
+            histogram = _DistributionHistogram(name, stat, self._labels, self._layout, self._lock)
             try:
                 self._registry.register(histogram)
             except ValueError as exc:
@@ -374,112 +386,142 @@ def _check_per_octave(value: object) -> int | None:
     return value
 
 
+def _check_range(value: object) -> tuple[float, float]:
+    where = "PrometheusEventHandler(histogram_range)"
+    if not isinstance(value, (tuple, list)) or len(value) != 2:
+        raise TypeError(
+            f"{where}: must be a (lo, hi) pair of numbers, not {type(value).__name__}"
+            + (f" of length {len(value)}" if isinstance(value, (tuple, list)) else "")
+        )
+    for end in value:
+        if isinstance(end, bool) or not isinstance(end, (int, float)):
+            raise TypeError(f"{where}: lo and hi must be numbers, not {type(end).__name__}")
+    try:
+        lo, hi = float(value[0]), float(value[1])
+    except OverflowError:
+        raise ValueError(f"{where}: lo and hi must be finite, got {tuple(value)!r}") from None
+    if not (math.isfinite(lo) and math.isfinite(hi)):
+        raise ValueError(f"{where}: lo and hi must be finite, got {(lo, hi)!r}")
+    if not 0.0 < lo < hi:
+        raise ValueError(f"{where}: must have 0 < lo < hi, got {(lo, hi)!r}")
+    return lo, hi
+
+
+class _HistogramLayout:
+    """The fixed ``le`` bounds of a handler's histograms.
+
+    Ranks sum their histograms by ``le`` in PromQL, so every rank must
+    expose the same bounds whatever its data: a rank missing a bound adds
+    nothing to that bound's sum, and the summed counts stop being a
+    histogram (docs/sinks.md, "Histograms of the P aggregations"). The
+    positive bounds are one every ``64 // per_octave`` scale-6 buckets (a
+    group): the largest double of group ``g``, ``2**((g+1)/per_octave)``
+    rounded down, so that ``x <= le`` holds exactly for the samples of that
+    group and below and the counts are exact. They run from the largest
+    bound at or below ``lo`` to the smallest at or above ``hi``; ``0.0``
+    comes first (zeros, negative samples and ``-inf``), ``+Inf`` last.
+    """
+
+    __slots__ = ("first", "shift", "texts", "uppers")
+
+    def __init__(self, per_octave: int, lo: float, hi: float) -> None:
+        from prometheus_client.utils import floatToGoString
+
+        from .._distribution import bucket_index
+
+        # A group of buckets is the bucket index >> shift (64 // per_octave buckets).
+        self.shift = shift = (64 // per_octave).bit_length() - 1
+        first = bucket_index(lo) >> shift
+        if self._group_upper(first) != lo:
+            first -= 1  # lo lies inside its group: the bound below it
+        if self._group_upper(first) == 0.0:
+            first += 1  # lo in the lowest group: no positive bound below it
+        last = bucket_index(hi) >> shift
+        self.first = first
+        self.uppers = [self._group_upper(group) for group in range(first, last + 1)]
+        # The le text of prometheus_client's own histograms (repr: exact).
+        to_text: Callable[[float], str] = floatToGoString
+        self.texts = [to_text(le) for le in (0.0, *self.uppers, math.inf)]
+
+    def _group_upper(self, group: int) -> float:
+        """The largest double whose bucket is in ``group`` or below (0.0
+        below the subnormals)."""
+        from .._distribution import MAX_INDEX, MIN_INDEX, _upper
+
+        last = ((group + 1) << self.shift) - 1
+        return _upper(min(max(last, MIN_INDEX - 1), MAX_INDEX))
+
+
 class _DistributionHistogram:
     """The cumulative classic histogram of one Stat's distributions, summed
-    over windows: a collector in the handler's registry.
+    over windows: a collector in the handler's registry, with the bounds of
+    its handler's :class:`_HistogramLayout`.
 
-    The ``le`` bounds are scale-6 bucket boundaries, one every
-    ``64 // per_octave`` buckets: for positive values the largest double of a
-    group of buckets (``2**(g/per_octave)`` rounded down), so that
-    ``x <= le`` holds exactly for the samples of that group and below, and
-    the counts are exact. Only the groups from just below the smallest to
-    the largest value seen are exposed, each side of zero, so the set of
-    ``le`` grows as the data reaches new octaves and never shrinks.
-    Negative groups (by ``|x|``) have the bound just below ``-2**(g/b)``, as
-    their upper bound is the inclusive one; ``-5e-324`` separates the
-    negative samples from the zeros (``le="0.0"``), so that a quantile that
-    falls on the zeros is 0, not a point between the largest negative bound
-    and 0. NaN samples are in no bucket and not in ``_count``; ``+inf`` ones
-    only in ``+Inf``. ``_sum`` adds the windows' SUM when it is finite (a
-    window with a NaN or infinite sample adds nothing to it).
+    Positive samples at or below the first positive bound count in it,
+    those above the last one only in ``+Inf``; zeros, negative samples and
+    ``-inf`` ones in ``le="0.0"`` (and every bound above). NaN samples are
+    in no bucket and not in ``_count``; ``+inf`` ones only in ``+Inf``.
+    ``_sum`` adds the windows' SUM when it is finite (a window with a NaN or
+    infinite sample adds nothing to it).
     """
 
     __slots__ = (
+        "_counts",
         "_labels",
+        "_layout",
         "_lock",
-        "_negative",
-        "_negative_inf",
-        "_positive",
-        "_positive_inf",
-        "_shift",
+        "_not_positive",
+        "_over",
         "_stat",
         "_sum",
-        "_zero",
         "name",
     )
 
     def __init__(
-        self, name: str, stat: str, labels: dict[str, str], per_octave: int, lock: Any
+        self, name: str, stat: str, labels: dict[str, str], layout: _HistogramLayout, lock: Any
     ) -> None:
         self.name = name
         self._stat = stat
         self._labels = labels
-        # A group of buckets is the bucket index >> shift (64 // per_octave buckets).
-        self._shift = (64 // per_octave).bit_length() - 1
+        self._layout = layout
         self._lock = lock
-        self._positive: dict[int, int] = {}
-        self._negative: dict[int, int] = {}
-        self._zero = 0
-        self._positive_inf = 0
-        self._negative_inf = 0
+        # _counts[j]: the positive samples counted first by bound j (not cumulative).
+        self._counts = [0] * len(layout.uppers)
+        self._not_positive = 0  # zeros, negatives and -inf: le="0.0"
+        self._over = 0  # above the last bound, +inf included: only in +Inf
         self._sum = 0.0
 
     def add(self, distribution: Distribution) -> None:
         """Called with the lock held."""
-        shift = self._shift
-        for side, buckets in (
-            (self._positive, distribution.positive),
-            (self._negative, distribution.negative),
-        ):
-            for index, count in buckets:
-                group = index >> shift
-                side[group] = side.get(group, 0) + count
-        self._zero += distribution.zero_count
-        self._positive_inf += distribution.positive_inf_count
-        self._negative_inf += distribution.negative_inf_count
+        layout = self._layout
+        counts, shift, first = self._counts, layout.shift, layout.first
+        top = len(counts) - 1
+        for index, count in distribution.positive:
+            j = (index >> shift) - first
+            if j > top:
+                self._over += count
+            else:
+                counts[max(j, 0)] += count
+        self._not_positive += (
+            distribution.zero_count
+            + distribution.negative_inf_count
+            + sum(count for _, count in distribution.negative)
+        )
+        self._over += distribution.positive_inf_count
         if math.isfinite(distribution.sum):
             self._sum += distribution.sum
-
-    def _group_upper(self, group: int) -> float:
-        """The largest double whose bucket is in ``group`` or below."""
-        from .._distribution import MAX_INDEX, MIN_INDEX, _upper
-
-        last = ((group + 1) << self._shift) - 1
-        return _upper(min(max(last, MIN_INDEX - 1), MAX_INDEX))
 
     def buckets(self) -> tuple[list[tuple[float, int]], float]:
         """``[(le, cumulative count)]`` in ascending ``le`` ending with ``+inf``,
         and the sum; taken under the lock."""
         with self._lock:
-            positive = dict(self._positive)
-            negative = dict(self._negative)
-            zero, total_sum = self._zero, self._sum
-            negative_inf, positive_inf = self._negative_inf, self._positive_inf
-        bounds: list[tuple[float, int]] = []
-
-        def bound(le: float, count: int) -> None:
-            if bounds and bounds[-1][0] == le:  # groups below the subnormals
-                bounds[-1] = (le, count)
-            else:
-                bounds.append((le, count))
-
-        below = negative_inf
-        if negative or negative_inf:
-            if negative:
-                high, low = max(negative), min(negative)
-                # x <= -nextup(upper(g)) is x < -upper(g): the groups above g.
-                for group in range(high, low - 2, -1):
-                    bound(-math.nextafter(self._group_upper(group), math.inf), below)
-                    below += negative.get(group, 0)
-            bound(-5e-324, below)
-        below += zero
-        bound(0.0, below)
-        if positive:
-            high, low = max(positive), min(positive)
-            for group in range(low - 1, high + 1):
-                below += positive.get(group, 0)
-                bound(self._group_upper(group), below)
-        bound(math.inf, below + positive_inf)
+            counts = list(self._counts)
+            below, over, total_sum = self._not_positive, self._over, self._sum
+        bounds = [(0.0, below)]
+        for le, count in zip(self._layout.uppers, counts):
+            below += count
+            bounds.append((le, below))
+        bounds.append((math.inf, below + over))
         return bounds, total_sum
 
     def describe(self) -> list[Any]:
@@ -492,18 +534,13 @@ class _DistributionHistogram:
 
     def collect(self) -> list[Any]:
         from prometheus_client.core import HistogramMetricFamily
-        from prometheus_client.samples import Sample
-        from prometheus_client.utils import floatToGoString
 
         bounds, total_sum = self.buckets()
         family = HistogramMetricFamily(self.name, self._help(), labels=list(self._labels))
         values = list(self._labels.values())
-        # The le text of prometheus_client's own histograms.
-        to_text: Callable[[float], str] = floatToGoString
-        family.add_metric(values, [(to_text(le), count) for le, count in bounds], None)
-        # HistogramMetricFamily leaves out _count and _sum once a bound is
-        # negative (a sum that may go down is no counter); _count still is one.
-        labels = dict(self._labels)
-        family.samples.append(Sample(self.name + "_count", labels, bounds[-1][1], None, None))
-        family.samples.append(Sample(self.name + "_sum", labels, total_sum, None, None))
+        texts = self._layout.texts
+        # Every bound is >= 0, so add_metric also writes _count (the +Inf count) and _sum.
+        family.add_metric(
+            values, [(text, count) for text, (_, count) in zip(texts, bounds)], total_sum
+        )
         return [family]
