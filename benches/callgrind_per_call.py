@@ -43,6 +43,8 @@ CASES = [
     ("log_event, 0 handlers", "log_event(event)", 0),
     ("log_event, 1 handler (a lambda)", "log_event(event)", 1),
     ("Event(name, ts, prebuilt 3-field dict)", "Event('e', now, fields)", 0),
+    ("Event(name, ts, 3-field dict literal)", "Event('e', now, {'a': 1, 'b': 2.5, 'c': 'x'})", 0),
+    ("(reference) the 3-field dict literal alone", "{'a': 1, 'b': 2.5, 'c': 'x'}", 0),
     ("event.data, 3 fields", "event.data", 0),
 ]
 
