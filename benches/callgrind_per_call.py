@@ -1,6 +1,7 @@
 """Instructions per call of the hot-path operations, counted by callgrind.
 
-Run:  python benches/callgrind_per_call.py   (needs valgrind)
+Run:  python benches/callgrind_per_call.py [--only TEXT] [--module torch.monitor]
+      (needs valgrind; ``--module torch.monitor`` counts torch's instead)
 
 Instruction counts do not depend on what else the machine is doing, so they
 complement the timings of bench_hot_path.py on a noisy machine. Each case
@@ -22,7 +23,7 @@ from pathlib import Path
 SETUP = """
 import math
 from datetime import datetime, timedelta
-import torchmon as m
+import MODULE as m
 fabs = math.fabs
 five = [m.Aggregation.MEAN, m.Aggregation.COUNT, m.Aggregation.SUM,
         m.Aggregation.MAX, m.Aggregation.MIN]
@@ -49,9 +50,9 @@ CASES = [
 ]
 
 
-def instructions(stmt: str, handlers: int, n: int, workdir: Path) -> int:
+def instructions(stmt: str, handlers: int, n: int, workdir: Path, module: str) -> int:
     script = workdir / "case.py"
-    body = SETUP.replace("HANDLERS", str(handlers))
+    body = SETUP.replace("HANDLERS", str(handlers)).replace("MODULE", module)
     # A function's loop, so the names are fast locals, not module globals.
     names = "fabs, stat5, now, fields, event, Event, log_event"
     script.write_text(
@@ -78,9 +79,12 @@ def main() -> None:
     parser.add_argument(
         "--only", default="", help="run only the rows whose label contains this text"
     )
+    parser.add_argument("--module", default="torchmon", help="torchmon or torch.monitor")
     args = parser.parse_args()
     version = sys.version.split()[0]
-    print(f"Python {version}; instructions per call (callgrind, 2N - N, N = {args.n})")
+    print(
+        f"{args.module}, Python {version}; instructions per call (callgrind, 2N - N, N = {args.n})"
+    )
     print()
     print("| operation | instructions per call |")
     print("| --- | ---: |")
@@ -88,8 +92,8 @@ def main() -> None:
         for label, stmt, handlers in CASES:
             if args.only not in label:
                 continue
-            once = instructions(stmt, handlers, args.n, Path(tmp))
-            twice = instructions(stmt, handlers, 2 * args.n, Path(tmp))
+            once = instructions(stmt, handlers, args.n, Path(tmp), args.module)
+            twice = instructions(stmt, handlers, 2 * args.n, Path(tmp), args.module)
             print(f"| {label} | {(twice - once) / args.n:.0f} |", flush=True)
 
 
