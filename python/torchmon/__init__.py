@@ -36,6 +36,7 @@ from ._wait_counter import WaitCounter, _WaitCounter, _WaitCounterTracker
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from . import handlers as handlers
+    from ._distribution import Distribution
     from .handlers.jsonl import JsonlEventHandler, read_jsonl
     from .handlers.otel import OpenTelemetryEventHandler
     from .handlers.prometheus import PrometheusEventHandler
@@ -59,11 +60,16 @@ def __getattr__(name: str) -> object:
 
         handlers = importlib.import_module(".handlers", __name__)
         return handlers if name == "handlers" else getattr(handlers, name)
+    if name == "Distribution":
+        # Imports fractions and typing, which `import torchmon` does not need.
+        from ._distribution import Distribution
+
+        return Distribution
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def __dir__() -> list[str]:
-    return sorted({*globals(), "handlers", *_FROM_HANDLERS})
+    return sorted({*globals(), "handlers", "Distribution", *_FROM_HANDLERS})
 
 
 # torch.monitor exports the members at module level too. They come from the
@@ -76,6 +82,12 @@ if TYPE_CHECKING:
     SUM = Aggregation.SUM
     MAX = Aggregation.MAX
     MIN = Aggregation.MIN
+    STDDEV = Aggregation.STDDEV
+    P50 = Aggregation.P50
+    P90 = Aggregation.P90
+    P95 = Aggregation.P95
+    P99 = Aggregation.P99
+    P999 = Aggregation.P999
 else:
     globals().update(Aggregation.__members__)
 
@@ -84,11 +96,18 @@ __all__ = [
     "MAX",
     "MEAN",
     "MIN",
+    "P50",
+    "P90",
+    "P95",
+    "P99",
+    "P999",
     "STAT_EVENT",
+    "STDDEV",
     "SUM",
     "VALUE",
     "Aggregation",
     "AsyncEventHandler",
+    "Distribution",
     "Event",
     "EventHandlerHandle",
     "JsonlEventHandler",

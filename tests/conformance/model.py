@@ -15,10 +15,12 @@ monotonic clock.  The model is single-threaded: it has no locks.
 """
 
 import atexit
+import collections
 import collections.abc
 import datetime
 import decimal
 import enum
+import fractions
 import math
 import numbers
 import operator
@@ -54,7 +56,9 @@ def set_clock_ms(t):
 
 class Aggregation(enum.Enum):
     """A plain Enum, so members are not equal to ints (SUM != 4), as torch;
-    the values are the C++ enum's (torch's binding maps VALUE to 0)."""
+    the values are the C++ enum's (torch's binding maps VALUE to 0).
+    STDDEV and P50 ... P999 (7 to 12) are torchmon's extensions
+    (docs/compatibility.md); torch has none of them."""
 
     VALUE = 1
     MEAN = 2
@@ -62,12 +66,22 @@ class Aggregation(enum.Enum):
     SUM = 4
     MAX = 5
     MIN = 6
+    STDDEV = 7
+    P50 = 8
+    P90 = 9
+    P95 = 10
+    P99 = 11
+    P999 = 12
 
     def __int__(self):
         return self.value
 
 
-VALUE, MEAN, COUNT, SUM, MAX, MIN = Aggregation  # the members, in definition order
+# the members, in definition order
+VALUE, MEAN, COUNT, SUM, MAX, MIN, STDDEV, P50, P90, P95, P99, P999 = Aggregation
+
+#: Each quantile member's q as the exact fraction k / 1000 (docs/api.md).
+QUANTILE_PERMILLE = {P50: 500, P90: 900, P95: 950, P99: 990, P999: 999}
 
 
 class data_value_t:
@@ -205,13 +219,24 @@ def _as_max_samples(m):
 
 
 class Event:
-    """Structured record.  Equality and hashing stay by identity (as torch)."""
+    """Structured record.  Equality and hashing stay by identity (as torch).
+
+    ``distribution`` is the window's histogram on the events of a Stat with
+    a P aggregation, else None.  ``_window_samples`` (the model's own, for
+    tests) holds the samples of a Stat window event, else None."""
+
+    _distribution = None
+    _window_samples = None
 
     def __init__(self, name, timestamp, data):
         # The validating setters, in argument order: the first bad one decides.
         self.name = name
         self.timestamp = timestamp
         self.data = data
+
+    @property
+    def distribution(self):
+        return self._distribution
 
     @property
     def name(self):
@@ -328,16 +353,209 @@ def log_event(event):
     _dispatch(lambda: event)  # every handler gets the very object passed
 
 
+# --- STDDEV and Pq, exactly (docs/api.md, "Aggregation") ------------------
+#
+# The model keeps every accepted sample of the open window and computes these
+# from them exactly, in integer arithmetic; torchmon estimates them (a
+# shifted-sums variance, a histogram's bucket), and the tests compare the two
+# within the documented error.
+
+_SUBNORMAL_EXP = 1074  # every finite double is an integer multiple of 2**-1074
+
+
+def _as_units(x):
+    """A finite double as the exact integer x * 2**1074."""
+    num, den = x.as_integer_ratio()
+    return num * ((1 << _SUBNORMAL_EXP) // den)
+
+
+def _sqrt_ratio(num, den):
+    """sqrt(num / den) correctly rounded to a double, for ints num >= 0, den > 0."""
+    if num == 0:
+        return 0.0
+    # Scale so that the integer square root s has at least 69 bits: then the
+    # true root lies in [s, s + 1), an interval that holds no double and no
+    # midpoint between two doubles, so s + 1/2 rounds as the root does.
+    shift = max(0, 140 - (num.bit_length() - den.bit_length()))
+    shift += shift & 1
+    q, r = divmod(num << shift, den)
+    s = math.isqrt(q)
+    twice = 2 * s if (r == 0 and s * s == q) else 2 * s + 1
+    return float(fractions.Fraction(twice, 2 << (shift // 2)))
+
+
+def exact_stddev(samples):
+    """Population standard deviation (ddof=0), correctly rounded: 0.0 for no
+    sample, NaN if any sample is NaN or infinite."""
+    if not samples:
+        return 0.0
+    if not all(math.isfinite(x) for x in samples):
+        return math.nan
+    units = [_as_units(x) for x in samples]
+    n = len(units)
+    # var = (n * sum(a**2) - sum(a)**2) / n**2, in units of 2**-2148
+    spread = n * sum(a * a for a in units) - sum(units) ** 2
+    return _sqrt_ratio(spread, (n * n) << (2 * _SUBNORMAL_EXP))
+
+
+def quantile_rank(permille, n):
+    """The rank (1-based) of Pq among n >= 1 non-NaN samples, q = permille / 1000."""
+    return max(1, -(-permille * n // 1000))
+
+
+def exact_quantile(samples, permille):
+    """The sample of rank max(1, ceil(q * n)) among the n non-NaN samples in
+    ascending order: 0.0 for no sample, NaN when every sample is NaN."""
+    if not samples:
+        return 0.0
+    ordered = sorted(x for x in samples if not math.isnan(x))
+    if not ordered:
+        return math.nan
+    return ordered[quantile_rank(permille, len(ordered)) - 1]
+
+
+# --- Distribution (docs/api.md, "Distribution") -----------------------------
+#
+# A base-2 exponential histogram of scale 6: bucket i holds the x with
+# 2**(i/64) < |x| <= 2**((i+1)/64).  The model derives a window's buckets from
+# its samples with the exact index below, and estimates a quantile from the
+# buckets by the documented rule, so that tests can check torchmon's
+# histogram and its estimate bucket by bucket and bit by bit.
+
+SCALE = 6
+
+#: 2 ** ((j + 0.5) / 64), each correctly rounded (docs/api.md).
+BUCKET_MIDPOINTS = tuple(
+    float.fromhex(h)
+    for h in """
+    0x1.0163da9fb3335p+0 0x1.04315e86e7f85p+0 0x1.0706b29ddf6dep+0 0x1.09e3ecac6f383p+0
+    0x1.0cc922b7247f7p+0 0x1.0fb66affed31bp+0 0x1.12abdc06c31ccp+0 0x1.15a98c8a58e51p+0
+    0x1.18af9388c8deap+0 0x1.1bbe084045cd4p+0 0x1.1ed5022fcd91dp+0 0x1.21f49917ddc96p+0
+    0x1.251ce4fb2a63fp+0 0x1.284dfe1f56381p+0 0x1.2b87fd0dad990p+0 0x1.2ecafa93e2f56p+0
+    0x1.32170fc4cd831p+0 0x1.356c55f929ff1p+0 0x1.38cae6d05d866p+0 0x1.3c32dc313a8e5p+0
+    0x1.3fa4504ac801cp+0 0x1.431f5d950a897p+0 0x1.46a41ed1d0057p+0 0x1.4a32af0d7d3dep+0
+    0x1.4dcb299fddd0dp+0 0x1.516daa2cf6642p+0 0x1.551a4ca5d920fp+0 0x1.58d12d497c7fdp+0
+    0x1.5c9268a5946b7p+0 0x1.605e1b976dc09p+0 0x1.6434634ccc320p+0 0x1.68155d44ca973p+0
+    0x1.6c012750bdabfp+0 0x1.6ff7df9519484p+0 0x1.73f9a48a58174p+0 0x1.780694fde5d3fp+0
+    0x1.7c1ed0130c132p+0 0x1.80427543e1a12p+0 0x1.8471a4623c7adp+0 0x1.88ac7d98a6699p+0
+    0x1.8cf3216b5448cp+0 0x1.9145b0b91ffc6p+0 0x1.95a44cbc8520fp+0 0x1.9a0f170ca07bap+0
+    0x1.9e86319e32323p+0 0x1.a309bec4a2d33p+0 0x1.a799e1330b358p+0 0x1.ac36bbfd3f37ap+0
+    0x1.b0e07298db666p+0 0x1.b59728de5593ap+0 0x1.ba5b030a1064ap+0 0x1.bf2c25bd71e09p+0
+    0x1.c40ab5fffd07ap+0 0x1.c8f6d9406e7b5p+0 0x1.cdf0b555dc3fap+0 0x1.d2f87080d89f2p+0
+    0x1.d80e316c98398p+0 0x1.dd321f301b460p+0 0x1.e264614f5a129p+0 0x1.e7a51fbc74c83p+0
+    0x1.ecf482d8e67f1p+0 0x1.f252b376bba97p+0 0x1.f7bfdad9cbe14p+0 0x1.fd3c22b8f71f1p+0
+    """.split()
+)
+
+
+def bucket_index(x):
+    """The bucket of a finite x != 0 (of |x|), exactly: the i with
+    2**i < |x|**64 <= 2**(i+1)."""
+    num, den = abs(x).as_integer_ratio()
+    zeros = (num & -num).bit_length() - 1
+    m = num >> zeros  # odd: |x| == m / 2**s exactly
+    s = (den.bit_length() - 1) - zeros
+    i = (m**64).bit_length() - 1 - 64 * s  # floor(log2(|x|**64))
+    return i - 1 if m == 1 else i  # |x|**64 == 2**i exactly: the upper bound of bucket i-1
+
+
+def bucket_representative(i):
+    """The value reported for a sample in positive bucket i: 2**((i + 0.5)/64)
+    rounded once, moved one ulp into the bucket if rounding left it (which
+    only a subnormal can)."""
+    octave, j = divmod(i, 64)
+    rep = float(fractions.Fraction(BUCKET_MIDPOINTS[j]) * fractions.Fraction(2) ** octave)
+    if rep == 0.0 or bucket_index(rep) < i:
+        rep = math.nextafter(rep, math.inf)
+    elif bucket_index(rep) > i:
+        rep = math.nextafter(rep, 0.0)
+    return rep
+
+
+class Distribution:
+    """A window's histogram (docs/api.md): read-only attributes, built by a
+    Stat with a P aggregation at window close."""
+
+    __slots__ = (
+        "count",
+        "max",
+        "min",
+        "nan_count",
+        "negative",
+        "negative_inf_count",
+        "positive",
+        "positive_inf_count",
+        "scale",
+        "sum",
+        "zero_count",
+    )
+
+    @classmethod
+    def of_samples(cls, samples, total, smallest, largest):
+        """The histogram of `samples`; sum, min and max are the window's."""
+        d = object.__new__(cls)
+        pos, neg = collections.Counter(), collections.Counter()
+        for x in samples:
+            if math.isfinite(x) and x != 0.0:
+                (pos if x > 0 else neg)[bucket_index(x)] += 1
+        d.scale = SCALE
+        d.count = len(samples)
+        d.sum, d.min, d.max = total, smallest, largest
+        d.zero_count = sum(1 for x in samples if x == 0.0)
+        d.nan_count = sum(1 for x in samples if math.isnan(x))
+        d.positive_inf_count = sum(1 for x in samples if x == math.inf)
+        d.negative_inf_count = sum(1 for x in samples if x == -math.inf)
+        d.positive, d.negative = tuple(sorted(pos.items())), tuple(sorted(neg.items()))
+        return d
+
+    def value_at_rank(self, r):
+        """The documented estimate of the sample of rank r (1-based) among
+        the non-NaN samples."""
+        n = self.count - self.nan_count
+        exact_ends = not (math.isnan(self.min) or math.isnan(self.max))
+        if exact_ends and r == 1:
+            return self.min
+        if exact_ends and r == n:
+            return self.max
+        # The samples in ascending order, one run per (count, value).
+        runs = [(self.negative_inf_count, -math.inf)]
+        runs += [(c, -bucket_representative(i)) for i, c in reversed(self.negative)]
+        runs.append((self.zero_count, 0.0))
+        runs += [(c, bucket_representative(i)) for i, c in self.positive]
+        runs.append((self.positive_inf_count, math.inf))
+        seen = 0
+        for c, run_value in runs:
+            seen += c
+            if r <= seen:
+                value = run_value
+                break
+        if exact_ends:
+            value = min(max(value, self.min), self.max)
+        return value
+
+    def quantile(self, q):
+        """Estimate of the q-quantile, q in [0, 1] as the decimal written."""
+        if self.count == 0:
+            return 0.0
+        n = self.count - self.nan_count
+        if n == 0:
+            return math.nan
+        rank = max(1, math.ceil(fractions.Fraction(repr(q)) * n))
+        return self.value_at_rank(rank)
+
+
 # --- Stat (docs/api.md, docs/internals.md) -------------------------------
 
 
 class _Window:
-    """Accumulators of one window; empty means count 0 and +0.0 elsewhere."""
+    """Accumulators of one window; empty means count 0 and +0.0 elsewhere.
+    The accepted samples are kept too, for the exact STDDEV and Pq."""
 
-    __slots__ = ("count", "last", "max", "min", "sum")
+    __slots__ = ("count", "last", "max", "min", "samples", "sum")
 
     def __init__(self):
         self.count, self.sum, self.min, self.max, self.last = 0, 0.0, 0.0, 0.0, 0.0
+        self.samples = []
 
     def fold(self, v):
         self.last = v
@@ -350,18 +568,26 @@ class _Window:
             if self.min > v:
                 self.min = v
         self.count += 1
+        self.samples.append(v)
 
     def value(self, agg):
         if agg is Aggregation.MEAN:
             return self.sum / self.count if self.count else 0.0
         if agg is Aggregation.COUNT:
             return float(self.count)
+        if agg is Aggregation.STDDEV:
+            return exact_stddev(self.samples)
+        if agg in QUANTILE_PERMILLE:
+            return exact_quantile(self.samples, QUANTILE_PERMILLE[agg])
         return {
             Aggregation.VALUE: self.last,
             Aggregation.SUM: self.sum,
             Aggregation.MAX: self.max,
             Aggregation.MIN: self.min,
         }[agg]
+
+    def distribution(self):
+        return Distribution.of_samples(self.samples, self.sum, self.min, self.max)
 
 
 _live_stats = weakref.WeakSet()  # flushed at interpreter exit (docs/compatibility.md)
@@ -403,6 +629,10 @@ class Stat:
 
     def get(self):
         return {agg: self._prev.value(agg) for agg in self._aggregations}
+
+    def _last_window(self):
+        """The model's own, for tests: the window behind get()'s values."""
+        return self._prev
 
     def add(self, v):
         x = _as_sample(v)
@@ -475,9 +705,19 @@ class Stat:
     def _emit(self, window):
         timestamp = datetime.datetime.now()  # naive local time, as torch
         data = {f"{self._name}.{agg.name.lower()}": window.value(agg) for agg in self._aggregations}
-        # Each handler gets its own Event: one that renames it cannot
-        # affect the next.
-        _dispatch(lambda: Event(STAT_EVENT, timestamp, data))
+        wants_histogram = any(agg in QUANTILE_PERMILLE for agg in self._aggregations)
+        distribution = window.distribution() if wants_histogram else None
+        samples = tuple(window.samples)
+
+        def make_event():
+            # Each handler gets its own Event: one that renames it cannot
+            # affect the next.
+            event = Event(STAT_EVENT, timestamp, data)
+            event._distribution = distribution
+            event._window_samples = samples
+            return event
+
+        _dispatch(make_event)
 
 
 @atexit.register

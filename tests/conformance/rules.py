@@ -13,6 +13,7 @@ from __future__ import annotations
 import datetime
 import gc
 import math
+import random
 from typing import Any, Callable
 
 import numpy as np
@@ -71,13 +72,21 @@ class System:
         return getattr(self.module.Aggregation, name)
 
 
-def make_handler(system: System, number: int, kind: str, arg: str) -> Callable[[Any], None]:
+def make_handler(
+    system: System,
+    number: int,
+    kind: str,
+    arg: str,
+    describe: Callable[[Any], Any] = lambda event: tag(event.data),
+) -> Callable[[Any], None]:
+    """A handler recording each event it gets, its data as `describe` views it."""
+
     def handler(event: Any) -> None:
         system.calls.append(
             (
                 number,
                 tag(event.name),
-                tag(event.data),
+                describe(event),
                 tag(event.timestamp),
                 event is system.logged,
             )
@@ -131,6 +140,46 @@ samples = st.one_of(
     st.builds(np.int64, st.integers(min_value=-(2**63), max_value=2**63 - 1)),
     st.sampled_from(["1.5", None, object, [1.0], b"1"]),
 )
+
+
+#: Families of window samples for the estimated aggregations (STDDEV, Pq),
+#: each a function of a seeded random.Random: drawing a seed and a size
+#: keeps batches of hundreds of samples cheap to generate.
+SAMPLE_FAMILIES: dict[str, Callable[[random.Random], float]] = {
+    "lognormal": lambda r: r.lognormvariate(0.0, 2.5),
+    "bimodal": lambda r: r.gauss(10.0, 1.0) if r.random() < 0.7 else r.gauss(5000.0, 300.0),
+    "negative": lambda r: -r.lognormvariate(3.0, 1.5),
+    "mixed_signs": lambda r: r.choice((-1.0, 1.0)) * r.lognormvariate(0.0, 4.0),
+    "near_1e9": lambda r: 1e9 + r.gauss(0.0, 1.0),
+    "near_1e15": lambda r: 1e15 + r.choice((0.125, 0.25, 0.5, 1.0)) * r.randint(-8, 8),
+    "zeros": lambda r: r.choice((0.0, -0.0, 0.0, 1.0, -1.0)),
+    "subnormal": lambda r: r.choice((-1.0, 1.0)) * r.randint(1, 2000) * 2.0**-1074,
+    "tiny_and_huge": lambda r: r.choice((5e-324, 2.2250738585072014e-308, 1e-300, 1e300, 1e308)),
+    "nan_inf": lambda r: r.choice((math.nan, math.inf, -math.inf, r.uniform(-10.0, 10.0))),
+    "rare_nan": lambda r: math.nan if r.random() < 0.01 else r.expovariate(1.0),
+    "integers": lambda r: float(r.randint(-3, 3)),
+}
+
+
+@st.composite
+def sample_batches(draw: st.DrawFn) -> tuple[str, int, list[float]]:
+    """(family, seed, samples): up to 1,500 samples, so that P99 and P999
+    fall on interior ranks (a window needs more than 1,000 samples for P999's
+    rank to be below the max)."""
+    family = draw(st.sampled_from([*sorted(SAMPLE_FAMILIES), "constant"]))
+    size = draw(
+        st.one_of(
+            st.integers(min_value=1, max_value=12),
+            st.integers(min_value=13, max_value=300),
+            st.integers(min_value=1001, max_value=1500),
+        )
+    )
+    if family == "constant":  # STDDEV exactly 0 (or NaN), every Pq the value
+        return family, 0, [draw(floats)] * size
+    seed = draw(st.integers(min_value=0, max_value=2**32 - 1))
+    rng = random.Random(seed)
+    draw_one = SAMPLE_FAMILIES[family]
+    return family, seed, [draw_one(rng) for _ in range(size)]
 
 
 class SharedRules(RuleBasedStateMachine):

@@ -1,9 +1,12 @@
 """Random programs run against torchmon and the reference model side by side.
 
 After every step the two must agree on return values, exception types, the
-events every handler received (name, data with value types, timestamp, and
-whether it was the very object logged) and the exceptions reported to
-``sys.unraisablehook``. The clock is driven for both, so windows roll.
+events every handler received (name, data with value types, timestamp, the
+window's histogram, and whether it was the very object logged) and the
+exceptions reported to ``sys.unraisablehook``. The clock is driven for both,
+so windows roll. STDDEV and P50 ... P999, which torchmon estimates, agree when
+torchmon's value is within the documented error of the model's exact one
+(tolerance.py); everything else, the histogram included, must be equal.
 """
 
 from __future__ import annotations
@@ -35,16 +38,103 @@ from .rules import (
     make_handler,
     names,
     observe,
+    sample_batches,
     tag,
 )
+from .tolerance import ESTIMATED, Reported, expected, suffix_of
 
 pytestmark = pytest.mark.hypothesis_suite
 
+AGGREGATION_NAMES = [
+    "VALUE",
+    "MEAN",
+    "COUNT",
+    "SUM",
+    "MAX",
+    "MIN",
+    "STDDEV",
+    "P50",
+    "P90",
+    "P95",
+    "P99",
+    "P999",
+]
 
-def tag_get(result: Any) -> Any:
+
+def _first(item: tuple[Any, ...]) -> Any:
+    return item[0]
+
+
+def view_get(result: Any, window: Any = None) -> Any:
+    """get()'s result; estimated members as Reported (torchmon, `window`
+    None) or as Expected from the model's last window."""
     if not isinstance(result, dict):
         return ("other", type(result).__name__)
-    return sorted((k.name, tag(v)) for k, v in result.items())
+    histogram = None
+    if window is not None and any(ESTIMATED.get(k.name.lower()) for k in result):
+        histogram = window.distribution()
+    out = []
+    for k, v in result.items():
+        suffix = k.name.lower() if k.name.lower() in ESTIMATED else None
+        if suffix is None:
+            out.append((k.name, tag(v)))
+        elif window is None:
+            out.append((k.name, Reported(suffix, v)))
+        else:
+            out.append((k.name, expected(suffix, v, tuple(window.samples), histogram)))
+    return sorted(out, key=_first)
+
+
+def view_distribution(d: Any) -> Any:
+    """Every attribute of a window's histogram (docs/api.md, "Distribution")."""
+    if d is None:
+        return None
+    return (
+        d.scale,
+        d.count,
+        tag(d.sum),
+        tag(d.min),
+        tag(d.max),
+        d.zero_count,
+        d.nan_count,
+        d.positive_inf_count,
+        d.negative_inf_count,
+        tuple(tuple(bucket) for bucket in d.positive),
+        tuple(tuple(bucket) for bucket in d.negative),
+    )
+
+
+def describe_torchmon_event(event: Any) -> Any:
+    """The data, the estimated window values as Reported; the histogram; and
+    whether its quantile() gives the event's Pq values bit for bit."""
+    data = event.data
+    window = event.name == torchmon.STAT_EVENT
+    items = []
+    for k, v in data.items():
+        suffix = suffix_of(k) if window else None
+        items.append((repr(tag(k)), Reported(suffix, v) if suffix else tag(v)))
+    d = event.distribution
+    quantiles_agree = True
+    if d is not None:
+        for k, v in data.items():
+            permille = ESTIMATED.get(suffix_of(k) or "")
+            if permille is not None:
+                q = d.quantile(permille / 1000)
+                quantiles_agree &= q == v or (q != q and v != v)
+    return (("dict", sorted(items, key=_first)), view_distribution(d), quantiles_agree)
+
+
+def describe_model_event(event: Any) -> Any:
+    """The model's counterpart of describe_torchmon_event."""
+    samples = event._window_samples
+    items = []
+    for k, v in event.data.items():
+        suffix = suffix_of(k) if samples is not None else None
+        if suffix:
+            items.append((repr(tag(k)), expected(suffix, v, samples, event.distribution)))
+        else:
+            items.append((repr(tag(k)), tag(v)))
+    return (("dict", sorted(items, key=_first)), view_distribution(event.distribution), True)
 
 
 window_specs = st.one_of(
@@ -89,9 +179,7 @@ class TorchmonMatchesModel(SharedRules):
     @rule(
         target=stat_ids,
         name=names,
-        aggregations=st.lists(
-            st.sampled_from(["VALUE", "MEAN", "COUNT", "SUM", "MAX", "MIN"]), max_size=7
-        ),
+        aggregations=st.lists(st.sampled_from(AGGREGATION_NAMES), max_size=7),
         window=window_specs,
         max_samples=max_samples_specs,
     )
@@ -106,9 +194,18 @@ class TorchmonMatchesModel(SharedRules):
     def add_many_in_a_row(self, sid: int, values: list[float]) -> None:
         self.add_in_a_row(sid, values)
 
+    @rule(sid=stat_ids, batch=sample_batches())
+    def add_batch(self, sid: int, batch: tuple[str, int, list[float]]) -> None:
+        self.add_in_a_row(sid, batch[2])
+
     @rule(sid=stat_ids)
     def get(self, sid: int) -> None:
-        self.both(lambda s: s.stats[sid].get(), view=tag_get)
+        def get_in(system: System) -> Any:
+            stat = system.stats[sid]
+            window = stat._last_window() if system is self.model else None
+            return view_get(stat.get(), window)
+
+        self.both(get_in, view=lambda r: r)
 
     @rule(sid=stat_ids)
     def count_and_name(self, sid: int) -> None:
@@ -154,7 +251,8 @@ class TorchmonMatchesModel(SharedRules):
         def register_in(system: System) -> None:
             key = (id(system), number)
             if key not in callables:
-                callables[key] = make_handler(system, number, kind, error)
+                describe = describe_model_event if system is self.model else describe_torchmon_event
+                callables[key] = make_handler(system, number, kind, error, describe)
             system.handles[hid] = system.module.register_event_handler(callables[key])
 
         self.both(register_in)

@@ -16,6 +16,10 @@ pub struct Needs {
     pub min: bool,
     pub max: bool,
     pub last: bool,
+    /// The sums shifted by the window's first sample (STDDEV).
+    pub spread: bool,
+    /// The window's histogram (the P aggregations).
+    pub histogram: bool,
 }
 
 impl Needs {
@@ -24,6 +28,8 @@ impl Needs {
         min: false,
         max: false,
         last: false,
+        spread: false,
+        histogram: false,
     };
     pub const SUM: Needs = Needs {
         sum: true,
@@ -41,6 +47,19 @@ impl Needs {
         last: true,
         ..Needs::COUNT_ONLY
     };
+    pub const SPREAD: Needs = Needs {
+        spread: true,
+        ..Needs::COUNT_ONLY
+    };
+    /// A quantile reads the histogram, and min and max (exact at the ends,
+    /// and the clamp); the window's Distribution also carries the sum.
+    pub const HISTOGRAM: Needs = Needs {
+        histogram: true,
+        sum: true,
+        min: true,
+        max: true,
+        ..Needs::COUNT_ONLY
+    };
 
     /// What a Stat reporting `aggregations` must accumulate.
     pub fn of(aggregations: &[Aggregation]) -> Needs {
@@ -55,6 +74,8 @@ impl Needs {
             min: self.min || other.min,
             max: self.max || other.max,
             last: self.last || other.last,
+            spread: self.spread || other.spread,
+            histogram: self.histogram || other.histogram,
         }
     }
 }
@@ -73,9 +94,10 @@ pub struct Row {
 /// Declares the enum and the table from one list, so neither can miss a row.
 macro_rules! aggregation_table {
     ($($variant:ident = $value:literal, $name:literal, $suffix:literal, $needs:expr;)+) => {
-        /// One aggregation. The discriminants are the C++
+        /// One aggregation. The discriminants of the first six are the C++
         /// `torch::monitor::Aggregation` values (torch's Python binding maps
-        /// VALUE to 0 by mistake; we do not).
+        /// VALUE to 0 by mistake; we do not); 7 and up are torchmon's
+        /// extensions (docs/compatibility.md).
         #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
         pub enum Aggregation {
             $($variant = $value,)+
@@ -101,6 +123,12 @@ aggregation_table! {
     Sum = 4, "SUM", "sum", Needs::SUM;
     Max = 5, "MAX", "max", Needs::MAX;
     Min = 6, "MIN", "min", Needs::MIN;
+    Stddev = 7, "STDDEV", "stddev", Needs::SPREAD;
+    P50 = 8, "P50", "p50", Needs::HISTOGRAM;
+    P90 = 9, "P90", "p90", Needs::HISTOGRAM;
+    P95 = 10, "P95", "p95", Needs::HISTOGRAM;
+    P99 = 11, "P99", "p99", Needs::HISTOGRAM;
+    P999 = 12, "P999", "p999", Needs::HISTOGRAM;
 }
 
 // `Aggregation::row` indexes the table by value, and the Python enum's error
@@ -149,11 +177,13 @@ mod tests {
     #[test]
     fn values_match_the_cpp_enum() {
         let values: Vec<i64> = TABLE.iter().map(|r| r.aggregation as i64).collect();
-        assert_eq!(values, [1, 2, 3, 4, 5, 6]);
-        assert_eq!(Aggregation::VALUE_RANGE, (1, 6));
+        assert_eq!(values, [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12]);
+        assert_eq!(Aggregation::VALUE_RANGE, (1, 12));
         assert_eq!(Aggregation::from_value(4), Some(Aggregation::Sum));
         assert_eq!(Aggregation::from_value(0), None);
-        assert_eq!(Aggregation::from_value(7), None);
+        assert_eq!(Aggregation::from_value(7), Some(Aggregation::Stddev));
+        assert_eq!(Aggregation::from_value(12), Some(Aggregation::P999));
+        assert_eq!(Aggregation::from_value(13), None);
         assert_eq!(Aggregation::from_value(i64::MIN), None);
         assert_eq!(Aggregation::from_value(i64::MAX), None);
     }
@@ -183,7 +213,30 @@ mod tests {
             min: true,
             max: true,
             last: true,
+            spread: true,
+            histogram: true,
         };
+        let torch: Vec<Aggregation> = all[..6].to_vec();
+        assert_eq!(
+            Needs::of(&torch),
+            Needs {
+                spread: false,
+                histogram: false,
+                ..every
+            },
+            "the torch aggregations keep no extension state"
+        );
+        assert_eq!(Needs::of(&[Aggregation::Stddev]), Needs::SPREAD);
+        assert_eq!(
+            Needs::of(&[Aggregation::P99]),
+            Needs {
+                histogram: true,
+                sum: true,
+                min: true,
+                max: true,
+                ..Needs::COUNT_ONLY
+            }
+        );
         assert_eq!(Needs::of(&all), every);
         assert_eq!(
             Needs::of(&[Aggregation::Value, Aggregation::Max]),

@@ -8,9 +8,9 @@
 //! build's code is what it was before this module existed.
 
 #[cfg(all(loom, test))]
-pub(crate) use loom::sync::atomic::{AtomicI64, AtomicU64, Ordering};
+pub(crate) use loom::sync::atomic::{AtomicI64, AtomicPtr, AtomicU64, Ordering};
 #[cfg(not(all(loom, test)))]
-pub(crate) use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
+pub(crate) use std::sync::atomic::{AtomicI64, AtomicPtr, AtomicU64, Ordering};
 
 #[cfg(not(all(loom, test)))]
 pub(crate) use parking_lot::Mutex;

@@ -71,10 +71,10 @@ fn rolling_windows_lose_and_double_count_nothing() {
                 (3, 1 | 2) => continue,
                 _ => stat.add_at(v, now),
             };
-            emitted.extend(closed.iter().copied());
+            emitted.extend(closed.iter().cloned());
         }
     });
-    let all: Vec<WindowStats> = emitted.iter().copied().chain(stat.flush()).collect();
+    let all: Vec<WindowStats> = emitted.iter().cloned().chain(stat.flush()).collect();
     let adds = THREADS * ADDS;
     assert_eq!(all.iter().map(|w| w.count).sum::<u64>(), adds);
     let total: f64 = all.iter().map(|w| w.sum).sum();
@@ -110,7 +110,7 @@ fn max_samples_keeps_exactly_that_many_per_window() {
                 } else {
                     stat.add_at(1.0, now)
                 };
-                emitted.extend(closed.iter().copied());
+                emitted.extend(closed.iter().cloned());
             }
             barrier.wait();
         }
@@ -144,7 +144,7 @@ fn concurrent_readers_never_see_a_torn_window() {
                 assert!(w.count == 0 || w.max == 2.0, "torn {w:?}");
             } else {
                 let now = shared.load(Ordering::Relaxed);
-                emitted.extend(stat.add_at(2.0, now).iter().copied());
+                emitted.extend(stat.add_at(2.0, now).iter().cloned());
             }
         }
     });
@@ -152,5 +152,67 @@ fn concurrent_readers_never_see_a_torn_window() {
     for w in &emitted {
         assert!(w.count >= 1 && w.count <= 64, "{w:?}");
         assert_eq!(w.sum, 2.0 * w.count as f64, "{w:?}");
+    }
+}
+
+#[test]
+fn histograms_and_shifted_sums_lose_and_double_count_nothing() {
+    use torchmon_core::aggregation::Aggregation::{P50, P999, Stddev};
+    use torchmon_core::histogram::bucket_index;
+    const ADDS: u64 = 40_000;
+    let stat = Arc::new(Stat::new(
+        &[Sum, Count, Min, Max, Stddev, P50, P999],
+        3,
+        500,
+    ));
+    let clock = Arc::new(AtomicI64::new(0));
+    let shared = Arc::clone(&clock);
+    // Every thread adds the same cycle of 97 values over many octaves, both
+    // signs, zero and the infinities; writers race the first sample of an
+    // octave (block installs), closes and max_samples.
+    let value = |i: u64| match i % 97 {
+        0 => 0.0,
+        1 => f64::INFINITY,
+        k if k % 2 == 0 => -(k as f64) * 1e-3,
+        k => 1.7f64.powi(k as i32 - 50),
+    };
+    let emitted = hammer(&stat, move |t, stat, emitted| {
+        for i in 0..ADDS {
+            if t == 0 && i % 300 == 0 {
+                shared.fetch_add(1, Ordering::Relaxed);
+            }
+            let now = shared.load(Ordering::Relaxed);
+            let closed = if t == 3 && i % 8 == 0 {
+                stat.add_many_at(2, |k| value(i + k as u64), now)
+            } else {
+                stat.add_at(value(i), now)
+            };
+            emitted.extend(closed.iter().cloned());
+        }
+    });
+    let all: Vec<WindowStats> = emitted.into_iter().chain(stat.flush()).collect();
+    assert!(all.len() > 10, "{} windows", all.len());
+    for w in &all {
+        let d = w
+            .distribution
+            .as_ref()
+            .expect("a P aggregation keeps the histogram");
+        let b = &d.buckets;
+        let positive: u64 = b.positive.iter().map(|x| x.1).sum();
+        let negative: u64 = b.negative.iter().map(|x| x.1).sum();
+        let total = positive + negative + b.zero_count + b.positive_inf_count;
+        assert_eq!(total, w.count, "the histogram counts the window's samples");
+        assert_eq!((b.nan_count, b.negative_inf_count), (0, 0));
+        assert_eq!(d.count, w.count);
+        // Every bucket is one the samples could land in.
+        for &(index, _) in &b.positive {
+            assert!((0..97).any(|k| {
+                let v = value(k);
+                v > 0.0 && v.is_finite() && bucket_index(v.to_bits()) == index
+            }));
+        }
+        // An infinity in the window makes STDDEV NaN; else it is finite.
+        assert_eq!(w.stddev.is_nan(), b.positive_inf_count > 0, "{w:?}");
+        assert!(w.min <= w.get(P50) && w.get(P50) <= w.max, "{w:?}");
     }
 }

@@ -8,9 +8,12 @@ import importlib
 import itertools
 import os
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .._core import Event
+
+if TYPE_CHECKING:
+    from .._distribution import Distribution
 
 _EXIT_OK = 0
 _EXIT_ERROR = 1
@@ -39,6 +42,17 @@ def _read_log(path: str, errors: str) -> tuple[list[Event], int, str | None]:
     """The events of a JSON-lines log read with ``read_jsonl(path,
     errors=errors)``, how many unreadable lines were skipped, and the first
     one's message; or a _CliError that says what is wrong."""
+    return _read(path, errors, distributions=False)
+
+
+def _read_records(
+    path: str, errors: str
+) -> tuple[list[tuple[Event, Distribution | None]], int, str | None]:
+    """As :func:`_read_log`, with each event's stored distribution (or None)."""
+    return _read(path, errors, distributions=True)
+
+
+def _read(path: str, errors: str, *, distributions: bool) -> tuple[list[Any], int, str | None]:
     from ..handlers.jsonl import read_jsonl
 
     file = Path(path)
@@ -46,7 +60,7 @@ def _read_log(path: str, errors: str) -> tuple[list[Event], int, str | None]:
         raise _CliError(f"{path}: no such file")
     if file.is_dir():
         raise _CliError(f"{path}: is a directory, not a JSON-lines file")
-    reader = read_jsonl(path, errors=errors)
+    reader = read_jsonl(path, errors=errors, distributions=distributions)
     try:
         events = list(reader)
     except ValueError as exc:  # read_jsonl's messages start with "<path>:<line>:"

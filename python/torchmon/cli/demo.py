@@ -149,7 +149,7 @@ def run(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
         f"({stat_events} Stat windows, {len(events) - stat_events} others):\n",
         file=out,
     )
-    _Summary(events).write(out)
+    _Summary((event, None) for event in events).write(out)
     _print_next_steps(logdir, jsonl_path, tensorboard_files=writer is not None, out=out)
     return _EXIT_OK
 

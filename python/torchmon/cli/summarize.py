@@ -1,14 +1,21 @@
-"""``torchmon summarize FILE.jsonl``: a per-stat table of a JSON-lines log (docs/cli.md)."""
+"""``torchmon summarize FILE.jsonl...``: a per-stat table of JSON-lines logs, and
+the quantiles of their stored distributions merged (docs/cli.md)."""
 
 from __future__ import annotations
 
 import argparse
 import math
 from collections.abc import Iterable
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
 from .._core import _AGGREGATION_KEY_SUFFIXES, STAT_EVENT, Event
-from ._common import _EXIT_OK, _read_log
+from ._common import _EXIT_OK, _read_records
+
+if TYPE_CHECKING:
+    from .._distribution import Distribution
+
+#: The quantile columns: (header, q).
+_QUANTILES = (("p50", 0.5), ("p90", 0.9), ("p99", 0.99), ("p999", 0.999))
 
 _AGGREGATION_NAMES = frozenset(_AGGREGATION_KEY_SUFFIXES)
 
@@ -27,17 +34,22 @@ def _is_number(value: object) -> bool:
 
 class _Summary:
     """Per-stat series of every aggregation across the Stat events' windows,
-    and a count (with the last data) of every other event name."""
+    the merge of their stored distributions, and a count (with the last
+    data) of every other event name."""
 
-    def __init__(self, events: Iterable[Event]) -> None:
+    def __init__(self, records: Iterable[tuple[Event, Distribution | None]]) -> None:
         # stat -> aggregation -> values, in window order; dicts keep first-seen order.
         self.stats: dict[str, dict[str, list[float]]] = {}
         self.windows: dict[str, int] = {}
         self.others: dict[str, int] = {}
         self.last_other: dict[str, dict[str, Any]] = {}
-        for event in events:
+        # stat -> (the merge of its windows' distributions, how many windows)
+        self.distributions: dict[str, tuple[Distribution, int]] = {}
+        for event, distribution in records:
             data = event.data
             if event.name == STAT_EVENT:
+                if distribution is not None and data:
+                    self._merge(next(iter(data)), distribution)
                 seen: set[str] = set()
                 for key, value in data.items():
                     if not _is_number(value):
@@ -50,6 +62,29 @@ class _Summary:
             else:
                 self.others[event.name] = self.others.get(event.name, 0) + 1
                 self.last_other[event.name] = data
+
+    def _merge(self, key: str, distribution: Distribution) -> None:
+        # Every key of a Stat window event is "<stat>.<aggregation>".
+        stat = key.rpartition(".")[0] or key
+        merged = self.distributions.get(stat)
+        if merged is None:
+            self.distributions[stat] = (distribution, 1)
+        else:
+            self.distributions[stat] = (merged[0].merge(distribution), merged[1] + 1)
+
+    def quantile_rows(self) -> list[list[str]]:
+        rows = [["stat", "windows", "samples", *(name for name, _ in _QUANTILES)]]
+        for stat in sorted(self.distributions):
+            merged, windows = self.distributions[stat]
+            rows.append(
+                [
+                    stat,
+                    str(windows),
+                    str(merged.count),
+                    *(_number(merged.quantile(q)) for _, q in _QUANTILES),
+                ]
+            )
+        return rows
 
     def stat_rows(self) -> list[list[str]]:
         rows = [["stat", "aggregation", "windows", "last", "mean", "min", "max"]]
@@ -82,6 +117,9 @@ class _Summary:
             _write_table(self.stat_rows(), out, numeric_from=2)
         else:
             print("no Stat events", file=out)
+        if self.distributions:
+            print(file=out)
+            _write_table(self.quantile_rows(), out, numeric_from=1)
         if self.others:
             print(file=out)
             _write_table(self.other_rows(), out, numeric_from=1, numeric_to=2)
@@ -128,7 +166,13 @@ def _write_table(
 
 
 def run(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
-    events, skipped, first_skipped = _read_log(args.file, "raise" if args.strict else "skip")
+    records: list[tuple[Event, Distribution | None]] = []
+    skipped, first_skipped = 0, None
+    for path in args.files:
+        more, skipped_here, first_here = _read_records(path, "raise" if args.strict else "skip")
+        records += more
+        skipped += skipped_here
+        first_skipped = first_skipped or first_here
     if skipped:
         # A torn line (a writer killed mid-line, a full disk) must not hide
         # the rest of the log; the count says what was left out.
@@ -138,24 +182,27 @@ def run(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
             f"(the first: {first_skipped}); --strict stops at it instead",
             file=err,
         )
-    if not events:
-        print(f"{args.file}: no events", file=out)
+    if not records:
+        where = args.files[0] if len(args.files) == 1 else f"{len(args.files)} files"
+        print(f"{where}: no events", file=out)
         return _EXIT_OK
-    _Summary(events).write(out)
+    _Summary(records).write(out)
     return _EXIT_OK
 
 
 def add_parser(commands: Any) -> None:
     summarize = commands.add_parser(
         "summarize",
-        help="print a per-stat table of a JSON-lines log",
+        help="print a per-stat table of JSON-lines logs",
         description=(
-            "For every Stat in a JSON-lines log: the number of windows and the last, "
-            "mean, min and max of each aggregation across them; then a count of the "
-            "other events."
+            "For every Stat in the JSON-lines logs: the number of windows and the last, "
+            "mean, min and max of each aggregation across them; then, for the Stats "
+            "whose distributions were stored (JsonlEventHandler(distributions=True)), "
+            "p50, p90, p99 and p999 of every sample of every window of every file; "
+            "then a count of the other events."
         ),
     )
-    summarize.add_argument("file", metavar="FILE.jsonl")
+    summarize.add_argument("files", metavar="FILE.jsonl", nargs="+")
     summarize.add_argument(
         "--strict",
         action="store_true",

@@ -18,6 +18,11 @@ Each line is one event::
   ``{"$float":"inf"}`` and ``{"$float":"-inf"}`` (a data value is never an
   object otherwise, so the encoding is unambiguous). Every line is valid JSON
   (RFC 8259).
+- ``distribution`` (only with ``JsonlEventHandler(..., distributions=True)``,
+  and only for an event that carries one: a Stat window event of a Stat with
+  a P aggregation): ``Distribution.to_dict()``, the window's histogram
+  (docs/api.md, "Distribution"). ``read_jsonl(path, distributions=True)``
+  restores it.
 
 The file is UTF-8, lines end with ``"\\n"``. Non-ASCII characters are
 written as is, except that control characters and U+0085, U+2028 and U+2029
@@ -33,11 +38,16 @@ import os
 import re
 from collections.abc import Generator, Iterator
 from datetime import datetime, timedelta, timezone
-from typing import Any, BinaryIO
+from typing import TYPE_CHECKING, Any, BinaryIO, Generic, Literal, TypeVar, overload
 
 from .._core import Event
 from .._forksafe import new_lock
 from ._common import ClosesOnExit
+
+if TYPE_CHECKING:
+    from .._distribution import Distribution
+
+_T = TypeVar("_T")
 
 __all__ = ["FLOAT_TAG", "JsonlEventHandler", "JsonlReader", "read_jsonl"]
 
@@ -72,8 +82,9 @@ def _encode_value(value: object) -> object:
     return value
 
 
-def _encode_event(event: Event) -> bytes:
-    """One event as its JSON line (UTF-8, ending in ``b"\\n"``)."""
+def _encode_event(event: Event, distributions: bool = False) -> bytes:
+    """One event as its JSON line (UTF-8, ending in ``b"\\n"``), with its
+    distribution when ``distributions`` and it has one."""
     timestamp = event.timestamp
     # datetime's own isoformat, not a subclass's (pandas.Timestamp adds nanoseconds).
     stamp = datetime.isoformat(timestamp)
@@ -81,6 +92,11 @@ def _encode_event(event: Event) -> bytes:
     if timestamp.fold and timestamp.utcoffset() is None:
         record["fold"] = 1
     record["data"] = {key: _encode_value(value) for key, value in event.data.items()}
+    if distributions:
+        # getattr: an event-like object need not have the attribute.
+        distribution = getattr(event, "distribution", None)
+        if distribution is not None:
+            record["distribution"] = distribution.to_dict()
     line = json.dumps(record, ensure_ascii=False, allow_nan=False, separators=(",", ":"))
     # Outside strings JSON has none of these, so escaping them is exact.
     if _SPLITLINES_BREAKS.search(line):
@@ -128,6 +144,11 @@ class JsonlEventHandler(ClosesOnExit):
       already written is cut off again, so the file keeps ending in a whole
       line; a file that does not end in a newline when opened (its writer
       was killed mid-line) gets a newline before the first line.
+    - ``distributions``: when true, a Stat window event that carries a
+      distribution (``event.distribution``, a Stat with a P aggregation) is
+      written with it (the line's ``"distribution"`` key), for
+      ``read_jsonl(path, distributions=True)`` and ``torchmon summarize``
+      to merge; off by default, so lines stay as torch-style readers expect.
     - ``close()`` (or leaving a ``with`` block) closes the file; an event
       handed to a closed handler raises ``ValueError``. Unregister the
       handler before closing it.
@@ -136,6 +157,7 @@ class JsonlEventHandler(ClosesOnExit):
     __slots__ = (
         "_backup_count",
         "_closed",
+        "_distributions",
         "_file",
         "_lock",
         "_max_bytes",
@@ -150,8 +172,15 @@ class JsonlEventHandler(ClosesOnExit):
         *,
         max_bytes: int | None = None,
         backup_count: int = 5,
+        distributions: bool = False,
     ) -> None:
         self._path = _path_arg(path, "JsonlEventHandler(path)")
+        if not isinstance(distributions, bool):
+            raise TypeError(
+                "JsonlEventHandler(distributions): must be a bool, "
+                f"not {type(distributions).__name__}"
+            )
+        self._distributions = distributions
         if max_bytes is not None:
             if isinstance(max_bytes, bool) or not isinstance(max_bytes, int):
                 raise TypeError(
@@ -200,7 +229,7 @@ class JsonlEventHandler(ClosesOnExit):
         return file
 
     def __call__(self, event: Event) -> None:
-        line = _encode_event(event)
+        line = _encode_event(event, self._distributions)
         with self._lock:
             if self._closed:
                 raise ValueError(f"JsonlEventHandler({self._path!r}) is closed")
@@ -300,6 +329,8 @@ class JsonlEventHandler(ClosesOnExit):
         extra = ""
         if self._max_bytes is not None:
             extra = f", max_bytes={self._max_bytes}, backup_count={self._backup_count}"
+        if self._distributions:
+            extra += ", distributions=True"
         if self._closed:
             state = ", closed"
         elif self._file is None:
@@ -380,6 +411,12 @@ def _exact_offset(timestamp: datetime, stamp: str) -> datetime:
 
 def _decode_line(line: str) -> Event:
     """The event of one JSON line (``ValueError`` saying what is wrong)."""
+    return _decode_record(line, False)[0]
+
+
+def _decode_record(line: str, distributions: bool) -> tuple[Event, Distribution | None]:
+    """The event of one JSON line, and its distribution when ``distributions``
+    (``None`` when the line has none)."""
     try:
         record = json.loads(line)
     except json.JSONDecodeError as exc:
@@ -413,15 +450,37 @@ def _decode_line(line: str) -> Event:
         _check_str(key, "a data key"): _decode_value(key, value) for key, value in raw.items()
     }
     try:
-        return Event(name, timestamp, data)
+        event = Event(name, timestamp, data)
     except (TypeError, ValueError, RuntimeError, OverflowError) as exc:
         raise _LineError(f"not a valid event: {exc}") from None
+    if not distributions or record.get("distribution") is None:
+        return event, None
+    from .._distribution import Distribution
+
+    try:
+        return event, Distribution.from_dict(record["distribution"])
+    except (TypeError, ValueError) as exc:
+        raise _LineError(f"not a valid distribution: {exc}") from None
 
 
 _ERRORS = ("raise", "skip")
 
 
-def read_jsonl(path: str | os.PathLike[str], *, errors: str = "raise") -> JsonlReader:
+@overload
+def read_jsonl(
+    path: str | os.PathLike[str], *, errors: str = ..., distributions: Literal[False] = ...
+) -> JsonlReader[Event]: ...
+@overload
+def read_jsonl(
+    path: str | os.PathLike[str], *, errors: str = ..., distributions: Literal[True]
+) -> JsonlReader[tuple[Event, Distribution | None]]: ...
+@overload
+def read_jsonl(
+    path: str | os.PathLike[str], *, errors: str = ..., distributions: bool
+) -> JsonlReader[Any]: ...
+def read_jsonl(
+    path: str | os.PathLike[str], *, errors: str = "raise", distributions: bool = False
+) -> JsonlReader[Any]:
     """Yields the events of a file written by :class:`JsonlEventHandler`, in order.
 
     Each event equals the one written: same name, an equal timestamp (with
@@ -439,6 +498,14 @@ def read_jsonl(path: str | os.PathLike[str], *, errors: str = "raise") -> JsonlR
     - ``errors="skip"``: the line is skipped and counted in the returned
       reader's ``skipped`` (``first_skipped`` holds the first one's message).
 
+    ``distributions=True`` yields ``(event, distribution)`` pairs instead:
+    the :class:`~torchmon.Distribution` stored with the event
+    (``JsonlEventHandler(..., distributions=True)``), or ``None`` for a line
+    without one. (A ``torchmon.Event`` made in Python cannot carry a
+    distribution, so it comes beside the event.) A stored distribution that
+    is not valid makes the line unreadable; without ``distributions`` it is
+    not looked at.
+
     Returns a :class:`JsonlReader`, an iterator that opens the file when
     first iterated. To read a rotated set oldest first, chain the files:
     ``itertools.chain(read_jsonl("e.jsonl.2"), read_jsonl("e.jsonl.1"), read_jsonl("e.jsonl"))``.
@@ -448,13 +515,19 @@ def read_jsonl(path: str | os.PathLike[str], *, errors: str = "raise") -> JsonlR
         raise TypeError(f"read_jsonl(errors): must be a str, not {type(errors).__name__}")
     if errors not in _ERRORS:
         raise ValueError(f"read_jsonl(errors): must be 'raise' or 'skip', got {errors!r}")
-    return JsonlReader(text, errors)
+    if not isinstance(distributions, bool):
+        raise TypeError(
+            f"read_jsonl(distributions): must be a bool, not {type(distributions).__name__}"
+        )
+    return JsonlReader(text, errors, distributions)
 
 
-class JsonlReader(Iterator[Event]):
-    """The iterator :func:`read_jsonl` returns: the events of one file.
+class JsonlReader(Iterator[_T], Generic[_T]):
+    """The iterator :func:`read_jsonl` returns: the events of one file (or
+    ``(event, distribution)`` pairs, with ``distributions=True``).
 
-    - ``path``: the file; ``errors``: ``"raise"`` or ``"skip"``.
+    - ``path``: the file; ``errors``: ``"raise"`` or ``"skip"``;
+      ``distributions``: whether it yields pairs.
     - ``skipped``: how many unreadable lines were skipped so far
       (``errors="skip"``; always 0 with ``"raise"``).
     - ``first_skipped``: the message of the first skipped line
@@ -463,19 +536,20 @@ class JsonlReader(Iterator[Event]):
       is garbage-collected).
     """
 
-    __slots__ = ("_events", "errors", "first_skipped", "path", "skipped")
+    __slots__ = ("_events", "distributions", "errors", "first_skipped", "path", "skipped")
 
-    def __init__(self, path: str, errors: str) -> None:
+    def __init__(self, path: str, errors: str, distributions: bool = False) -> None:
         self.path = path
         self.errors = errors
+        self.distributions = distributions
         self.skipped = 0
         self.first_skipped: str | None = None
         self._events = self._read()
 
-    def __iter__(self) -> JsonlReader:
+    def __iter__(self) -> JsonlReader[_T]:
         return self
 
-    def __next__(self) -> Event:
+    def __next__(self) -> _T:
         return next(self._events)
 
     def close(self) -> None:
@@ -489,7 +563,7 @@ class JsonlReader(Iterator[Event]):
         if self.first_skipped is None:
             self.first_skipped = message
 
-    def _read(self) -> Generator[Event, None, None]:
+    def _read(self) -> Generator[_T, None, None]:
         path = self.path
         with open(path, "rb") as file:
             for lineno, raw in enumerate(file, 1):
@@ -498,9 +572,9 @@ class JsonlReader(Iterator[Event]):
                     # writer is still writing it, or was killed halfway
                     # (docs/sinks.md, "Reading"). It counts only when whole.
                     # Nothing after it is read, even if the file grew since.
-                    event = self._unfinished(raw)
-                    if event is not None:
-                        yield event
+                    record = self._unfinished(raw)
+                    if record is not None:
+                        yield self._result(record)
                     return
                 try:
                     line = raw.decode("utf-8")
@@ -510,14 +584,16 @@ class JsonlReader(Iterator[Event]):
                 if not line.strip(" \t\r\n"):
                     continue
                 try:
-                    event = _decode_line(line)
+                    record = _decode_record(line, self.distributions)
                 except _LineError as exc:
                     self._unreadable(f"{path}:{lineno}: {exc}")
                     continue
-                yield event
+                yield self._result(record)
 
-    @staticmethod
-    def _unfinished(raw: bytes) -> Event | None:
+    def _result(self, record: tuple[Event, Distribution | None]) -> _T:
+        return record if self.distributions else record[0]  # type: ignore[return-value]
+
+    def _unfinished(self, raw: bytes) -> tuple[Event, Distribution | None] | None:
         """The event of an unterminated last line if it is a whole one."""
         try:
             line = raw.decode("utf-8")
@@ -526,9 +602,10 @@ class JsonlReader(Iterator[Event]):
         if not line.strip(" \t\r"):
             return None
         try:
-            return _decode_line(line)
+            return _decode_record(line, self.distributions)
         except _LineError:
             return None
 
     def __repr__(self) -> str:
-        return f"JsonlReader({self.path!r}, errors={self.errors!r}, skipped={self.skipped})"
+        extra = ", distributions=True" if self.distributions else ""
+        return f"JsonlReader({self.path!r}, errors={self.errors!r}{extra}, skipped={self.skipped})"

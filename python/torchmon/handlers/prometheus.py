@@ -1,4 +1,5 @@
-"""Prometheus sink: Stat windows become gauges (needs ``pip install prometheus-client``).
+"""Prometheus sink: Stat windows become gauges (needs ``pip install prometheus-client``),
+and the windows' distributions cumulative histograms.
 
 ``prometheus_client`` is imported when a handler is created, never by
 ``import torchmon``.
@@ -6,9 +7,10 @@
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Mapping
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, Callable
 
 from .._core import STAT_EVENT, Event
 from .._forksafe import new_lock
@@ -16,6 +18,8 @@ from ._common import ClosesOnExit, check_mapping, require, set_numeric_values, s
 
 if TYPE_CHECKING:
     from prometheus_client import CollectorRegistry, Gauge
+
+    from .._distribution import Distribution
 
 __all__ = ["PrometheusEventHandler", "prometheus_metric_name"]
 
@@ -75,6 +79,13 @@ class PrometheusEventHandler(ClosesOnExit):
     - ``labels``: constant labels put on every gauge, e.g.
       ``{"rank": "0", "job": "pretrain"}``; names must be valid Prometheus
       label names, values ``str``.
+    - ``histogram_buckets_per_octave``: a Stat event that carries a
+      distribution (``event.distribution``: a Stat with a P aggregation) is
+      also exported as the cumulative histogram
+      ``prefix + prometheus_metric_name(<stat>) + "_histogram"``, summed
+      over every window, with this many ``le`` bounds per power of two (1,
+      2, 4, 8, 16, 32 or 64); ``None`` exports no histogram. See
+      :class:`_DistributionHistogram` and docs/sinks.md ("Prometheus").
 
     A metric name belongs to one handler per registry: a name that is already
     registered there (by another handler or collector) raises ``ValueError``
@@ -88,8 +99,10 @@ class PrometheusEventHandler(ClosesOnExit):
         "_children",
         "_closed",
         "_gauges",
+        "_histograms",
         "_labels",
         "_lock",
+        "_per_octave",
         "_prefix",
         "_registry",
         "_sources",
@@ -101,6 +114,7 @@ class PrometheusEventHandler(ClosesOnExit):
         registry: CollectorRegistry | None = None,
         prefix: str = "",
         labels: Mapping[str, str] | None = None,
+        histogram_buckets_per_octave: int | None = 4,
     ) -> None:
         require(
             "PrometheusEventHandler",
@@ -128,6 +142,9 @@ class PrometheusEventHandler(ClosesOnExit):
                 "prefix (must match [a-zA-Z_:][a-zA-Z0-9_:]*)"
             )
         self._labels = _check_labels(labels)
+        self._per_octave = _check_per_octave(histogram_buckets_per_octave)
+        # metric name -> its histogram, created at the first window that has one.
+        self._histograms: dict[str, _DistributionHistogram] = {}
         self._registry = registry
         self._prefix = prefix
         self._gauges: dict[str, Gauge] = {}  # metric name -> the gauge
@@ -181,14 +198,57 @@ class PrometheusEventHandler(ClosesOnExit):
         with self._lock:
             if self._closed:
                 raise ValueError("PrometheusEventHandler is closed")
-            set_numeric_values(event.data, self._gauge, _set_gauge)
+            data = event.data
+            distribution = getattr(event, "distribution", None)
+            if distribution is None or self._per_octave is None:
+                set_numeric_values(data, self._gauge, _set_gauge)
+                return
+            try:
+                set_numeric_values(data, self._gauge, _set_gauge)
+            finally:
+                # A gauge name clash must not lose the window's histogram.
+                self._observe(data, distribution)
+
+    def _observe(self, data: Mapping[str, object], distribution: Distribution) -> None:
+        """Adds a window's distribution to its Stat's histogram, created on first
+        sight (like a gauge); called with the lock held."""
+        key = next(iter(data), None)
+        if key is None:  # no key to name the Stat by
+            return
+        stat = key.rpartition(".")[0] or key
+        name = prometheus_metric_name(stat, self._prefix) + "_histogram"
+        histogram = self._histograms.get(name)
+        if histogram is None:
+            source = self._sources.get(name)
+            if source is not None:
+                raise ValueError(
+                    f"PrometheusEventHandler: the histogram of Stat {stat!r} and the gauge "
+                    f"of {source!r} both map to the metric name {name!r}"
+                )
+            assert self._per_octave is not None
+            histogram = _DistributionHistogram(
+                name, stat, self._labels, self._per_octave, self._lock
+            )
+            try:
+                self._registry.register(histogram)
+            except ValueError as exc:
+                raise ValueError(
+                    f"PrometheusEventHandler: cannot create the histogram {name!r} for Stat "
+                    f"{stat!r}: {exc} (another handler or collector registered that name; "
+                    "give this handler its own prefix or registry, or close() the other handler)"
+                ) from None
+            self._histograms[name] = histogram
+            self._sources[name] = f"{stat} (histogram)"
+        histogram.add(distribution)
 
     def close(self) -> None:
         """Unregisters this handler's gauges from the registry (a second call does nothing)."""
         with self._lock:
             self._closed = True
-            gauges = list(self._gauges.values())
+            gauges: list[Any] = list(self._gauges.values())
+            gauges += self._histograms.values()
             self._gauges.clear()
+            self._histograms.clear()
             self._children.clear()
             self._sources.clear()
         for gauge in gauges:
@@ -198,9 +258,165 @@ class PrometheusEventHandler(ClosesOnExit):
         state = ", closed" if self._closed else ""
         return (
             f"PrometheusEventHandler(prefix={self._prefix!r}, labels={self._labels!r}, "
-            f"{len(self._gauges)} gauges{state})"
+            f"{len(self._gauges)} gauges, {len(self._histograms)} histograms{state})"
         )
 
 
 def _set_gauge(gauge: Gauge, value: float) -> None:
     gauge.set(value)
+
+
+# --- histograms of distributions -----------------------------------------------
+
+_PER_OCTAVE_CHOICES = (1, 2, 4, 8, 16, 32, 64)
+
+
+def _check_per_octave(value: object) -> int | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(
+            "PrometheusEventHandler(histogram_buckets_per_octave): must be an int or None, "
+            f"not {type(value).__name__}"
+        )
+    if value not in _PER_OCTAVE_CHOICES:
+        raise ValueError(
+            "PrometheusEventHandler(histogram_buckets_per_octave): must divide 64 "
+            f"(1, 2, 4, 8, 16, 32 or 64), got {value}"
+        )
+    return value
+
+
+class _DistributionHistogram:
+    """The cumulative classic histogram of one Stat's distributions, summed
+    over windows: a collector in the handler's registry.
+
+    The ``le`` bounds are scale-6 bucket boundaries, one every
+    ``64 // per_octave`` buckets: for positive values the largest double of a
+    group of buckets (``2**(g/per_octave)`` rounded down), so that
+    ``x <= le`` holds exactly for the samples of that group and below, and
+    the counts are exact. Only the groups from just below the smallest to
+    the largest value seen are exposed, each side of zero, so the set of
+    ``le`` grows as the data reaches new octaves and never shrinks.
+    Negative groups (by ``|x|``) have the bound just below ``-2**(g/b)``, as
+    their upper bound is the inclusive one; ``-5e-324`` separates the
+    negative samples from the zeros (``le="0.0"``), so that a quantile that
+    falls on the zeros is 0, not a point between the largest negative bound
+    and 0. NaN samples are in no bucket and not in ``_count``; ``+inf`` ones
+    only in ``+Inf``. ``_sum`` adds the windows' SUM when it is finite (a
+    window with a NaN or infinite sample adds nothing to it).
+    """
+
+    __slots__ = (
+        "_labels",
+        "_lock",
+        "_negative",
+        "_negative_inf",
+        "_positive",
+        "_positive_inf",
+        "_shift",
+        "_stat",
+        "_sum",
+        "_zero",
+        "name",
+    )
+
+    def __init__(
+        self, name: str, stat: str, labels: dict[str, str], per_octave: int, lock: Any
+    ) -> None:
+        self.name = name
+        self._stat = stat
+        self._labels = labels
+        # A group of buckets is the bucket index >> shift (64 // per_octave buckets).
+        self._shift = (64 // per_octave).bit_length() - 1
+        self._lock = lock
+        self._positive: dict[int, int] = {}
+        self._negative: dict[int, int] = {}
+        self._zero = 0
+        self._positive_inf = 0
+        self._negative_inf = 0
+        self._sum = 0.0
+
+    def add(self, distribution: Distribution) -> None:
+        """Called with the lock held."""
+        shift = self._shift
+        for side, buckets in (
+            (self._positive, distribution.positive),
+            (self._negative, distribution.negative),
+        ):
+            for index, count in buckets:
+                group = index >> shift
+                side[group] = side.get(group, 0) + count
+        self._zero += distribution.zero_count
+        self._positive_inf += distribution.positive_inf_count
+        self._negative_inf += distribution.negative_inf_count
+        if math.isfinite(distribution.sum):
+            self._sum += distribution.sum
+
+    def _group_upper(self, group: int) -> float:
+        """The largest double whose bucket is in ``group`` or below."""
+        from .._distribution import MAX_INDEX, MIN_INDEX, _upper
+
+        last = ((group + 1) << self._shift) - 1
+        return _upper(min(max(last, MIN_INDEX - 1), MAX_INDEX))
+
+    def buckets(self) -> tuple[list[tuple[float, int]], float]:
+        """``[(le, cumulative count)]`` in ascending ``le`` ending with ``+inf``,
+        and the sum; taken under the lock."""
+        with self._lock:
+            positive = dict(self._positive)
+            negative = dict(self._negative)
+            zero, total_sum = self._zero, self._sum
+            negative_inf, positive_inf = self._negative_inf, self._positive_inf
+        bounds: list[tuple[float, int]] = []
+
+        def bound(le: float, count: int) -> None:
+            if bounds and bounds[-1][0] == le:  # groups below the subnormals
+                bounds[-1] = (le, count)
+            else:
+                bounds.append((le, count))
+
+        below = negative_inf
+        if negative or negative_inf:
+            if negative:
+                high, low = max(negative), min(negative)
+                # x <= -nextup(upper(g)) is x < -upper(g): the groups above g.
+                for group in range(high, low - 2, -1):
+                    bound(-math.nextafter(self._group_upper(group), math.inf), below)
+                    below += negative.get(group, 0)
+            bound(-5e-324, below)
+        below += zero
+        bound(0.0, below)
+        if positive:
+            high, low = max(positive), min(positive)
+            for group in range(low - 1, high + 1):
+                below += positive.get(group, 0)
+                bound(self._group_upper(group), below)
+        bound(math.inf, below + positive_inf)
+        return bounds, total_sum
+
+    def describe(self) -> list[Any]:
+        from prometheus_client.core import HistogramMetricFamily
+
+        return [HistogramMetricFamily(self.name, self._help(), labels=list(self._labels))]
+
+    def _help(self) -> str:
+        return f"torchmon Stat {self._stat!r}, every sample of every closed window"
+
+    def collect(self) -> list[Any]:
+        from prometheus_client.core import HistogramMetricFamily
+        from prometheus_client.samples import Sample
+        from prometheus_client.utils import floatToGoString
+
+        bounds, total_sum = self.buckets()
+        family = HistogramMetricFamily(self.name, self._help(), labels=list(self._labels))
+        values = list(self._labels.values())
+        # The le text of prometheus_client's own histograms.
+        to_text: Callable[[float], str] = floatToGoString
+        family.add_metric(values, [(to_text(le), count) for le, count in bounds], None)
+        # HistogramMetricFamily leaves out _count and _sum once a bound is
+        # negative (a sum that may go down is no counter); _count still is one.
+        labels = dict(self._labels)
+        family.samples.append(Sample(self.name + "_count", labels, bounds[-1][1], None, None))
+        family.samples.append(Sample(self.name + "_sum", labels, total_sum, None, None))
+        return [family]

@@ -196,6 +196,24 @@ fn check_window(w: &WindowStats, aggregations: &[Aggregation]) {
         let last = w.last as u64;
         assert!(last.is_power_of_two() && bits & last != 0, "{w:?}");
     }
+    if aggregations.contains(&Aggregation::P50) {
+        // The histogram holds exactly the window's samples: 2^k is the
+        // upper bound of bucket 64k - 1.
+        let d = w
+            .distribution
+            .as_ref()
+            .expect("a P aggregation keeps the histogram");
+        let expected: Vec<(i32, u64)> = (0..64)
+            .filter(|k| bits & (1 << k) != 0)
+            .map(|k| (64 * k - 1, 1))
+            .collect();
+        assert_eq!(d.buckets.positive, expected, "{w:?}");
+        assert_eq!(d.count, w.count);
+    }
+    if aggregations.contains(&Aggregation::Stddev) {
+        assert!(w.stddev.is_finite() && w.stddev >= 0.0, "{w:?}");
+        assert_eq!(w.stddev == 0.0, w.count == 1, "{w:?}");
+    }
 }
 
 /// Runs `threads`' scripts on one Stat, each in its own loom thread (the
@@ -219,6 +237,11 @@ fn model_bounded(
     let counter = std::sync::Arc::clone(&executions);
     let mut builder = loom::model::Builder::new();
     builder.preemption_bound = Some(preemption_bound);
+    // A histogram's close reads every group pointer (132 loads per buffer),
+    // each a loom branch point.
+    if aggregations.contains(&Aggregation::P50) {
+        builder.max_branches = 100_000;
+    }
     builder.check(move || {
         counter.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let stat = Arc::new(Stat::new(aggregations, WINDOW_MS, max_samples));
@@ -238,7 +261,7 @@ fn model_bounded(
                         continue;
                     }
                 };
-                emitted.extend(closed.iter().copied());
+                emitted.extend(closed.iter().cloned());
             }
             (emitted, reads)
         };
@@ -289,8 +312,9 @@ fn model_bounded(
     assert!(executions > 10, "only {executions} executions");
 }
 
-use Aggregation::{Count, Max, Min, Sum, Value};
+use Aggregation::{Count, Max, Min, P50, Stddev, Sum, Value};
 const SUM_COUNT: &[Aggregation] = &[Sum, Count];
+const WITH_HISTOGRAM: &[Aggregation] = &[Sum, Count, Stddev, P50];
 const ALL: &[Aggregation] = &[Value, Sum, Count, Max, Min];
 
 #[test]
@@ -393,4 +417,41 @@ fn loom_flush_races_writers_and_a_boundary() {
             vec![Op::Add(4.0, 5)],
         ],
     );
+}
+
+#[test]
+fn loom_histogram_a_close_races_writers() {
+    // 1.0 and 1.0 + 2^-52... are avoided: distinct powers of two, so the
+    // sum names the samples; 1 and 2 share no octave block, 4 and 8 race
+    // the first install of theirs across the close.
+    model(
+        WITH_HISTOGRAM,
+        i64::MAX,
+        vec![
+            vec![Op::Get],
+            vec![Op::Add(1.0, 5), Op::Add(4.0, 15)],
+            vec![Op::Add(2.0, 5), Op::Add(8.0, 15)],
+        ],
+    );
+}
+
+#[test]
+fn loom_histogram_racing_installs_of_one_block() {
+    use crate::histogram::Histogram;
+    let mut builder = loom::model::Builder::new();
+    builder.max_branches = 100_000;
+    builder.check(|| {
+        let histogram = Arc::new(Histogram::new());
+        let other = Arc::clone(&histogram);
+        // 1.5 and 1.75 are in octave 0: both writers find its block
+        // missing, one install wins, the other frees its own.
+        let writer = loom::thread::spawn(move || other.record::<false>(1.5));
+        histogram.record::<false>(1.75);
+        writer.join().unwrap();
+        let buckets = histogram.take();
+        assert_eq!(buckets.positive.iter().map(|b| b.1).sum::<u64>(), 2);
+        let one = Histogram::new();
+        one.record::<false>(1.5);
+        assert_eq!(histogram.allocated_bytes(), one.allocated_bytes());
+    });
 }

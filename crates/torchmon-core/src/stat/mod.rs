@@ -28,8 +28,10 @@
 mod accumulators;
 
 use crate::aggregation::{Aggregation, Needs};
+use crate::histogram::Distribution;
 use crate::sync::{AtomicI64, AtomicU64, Mutex, Ordering, spin_wait};
 use accumulators::Phase;
+use std::sync::Arc;
 
 const PHASE_BIT: u64 = 1 << 63;
 const DROP_BIT: u64 = 1 << 62;
@@ -50,13 +52,21 @@ pub const MAX_SAMPLES_CAP: u64 = 1 << 61;
 const NO_WINDOW: i64 = -1;
 
 /// What one closed window held. `min`/`max`/`last` are 0 when it was empty.
-#[derive(Clone, Copy, Debug, PartialEq)]
+/// STDDEV and the quantiles are computed when the window closes (so `get`
+/// only reads them); they are 0 when not configured.
+#[derive(Clone, Debug, PartialEq)]
 pub struct WindowStats {
     pub count: u64,
     pub sum: f64,
     pub min: f64,
     pub max: f64,
     pub last: f64,
+    pub stddev: f64,
+    /// P50, P90, P95, P99, P999 (`histogram::QUANTILE_THOUSANDTHS`).
+    pub quantiles: [f64; 5],
+    /// The window's histogram, when a P aggregation is configured and the
+    /// window is not empty (shared by every reader of the window).
+    pub distribution: Option<Arc<Distribution>>,
 }
 
 impl WindowStats {
@@ -66,6 +76,9 @@ impl WindowStats {
         min: 0.0,
         max: 0.0,
         last: 0.0,
+        stddev: 0.0,
+        quantiles: [0.0; 5],
+        distribution: None,
     };
 
     pub fn mean(&self) -> f64 {
@@ -85,6 +98,12 @@ impl WindowStats {
             Aggregation::Sum => self.sum,
             Aggregation::Max => self.max,
             Aggregation::Min => self.min,
+            Aggregation::Stddev => self.stddev,
+            Aggregation::P50 => self.quantiles[0],
+            Aggregation::P90 => self.quantiles[1],
+            Aggregation::P95 => self.quantiles[2],
+            Aggregation::P99 => self.quantiles[3],
+            Aggregation::P999 => self.quantiles[4],
         }
     }
 }
@@ -161,13 +180,14 @@ impl Stat {
     /// `window_ms` must be at least 1; `max_samples` below 1 behaves like 1.
     pub fn new(aggregations: &[Aggregation], window_ms: i64, max_samples: i64) -> Self {
         assert!(window_ms >= 1, "window_ms must be positive");
+        let needs = Needs::of(aggregations);
         Stat {
             window_ms,
             max_samples: (max_samples.max(1) as u64).min(MAX_SAMPLES_CAP),
-            needs: Needs::of(aggregations),
+            needs,
             cur_id: AtomicI64::new(NO_WINDOW),
             head: AtomicU64::new(0),
-            phases: [Phase::new(), Phase::new()],
+            phases: [Phase::new(needs), Phase::new(needs)],
             locked: Mutex::new(Locked {
                 prev: WindowStats::EMPTY,
                 closed_id: NO_WINDOW,
@@ -424,7 +444,7 @@ impl Stat {
             locked.prev = if full && !dropping {
                 WindowStats::EMPTY
             } else {
-                window_stats
+                window_stats.clone()
             };
             locked.closed_id = cur;
             self.cur_id.store(window, Ordering::Release);
@@ -469,7 +489,7 @@ impl Stat {
             return None;
         }
         let (window_stats, _) = self.swap_phase(false, 0);
-        locked.prev = window_stats;
+        locked.prev = window_stats.clone();
         Some(window_stats)
     }
 
@@ -486,7 +506,14 @@ impl Stat {
 
     /// The last closed window.
     pub fn last_closed(&self) -> WindowStats {
-        self.locked.lock().prev
+        self.locked.lock().prev.clone()
+    }
+
+    /// Heap bytes of the extension aggregations' state (the shifted sums
+    /// and the histograms of both window buffers, their blocks included);
+    /// 0 for a Stat of torch aggregations only.
+    pub fn extension_bytes(&self) -> usize {
+        self.phases.iter().map(Phase::extra_bytes).sum()
     }
 }
 

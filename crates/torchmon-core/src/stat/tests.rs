@@ -3,10 +3,13 @@ use super::*;
 use Aggregation::*;
 
 const ALL: [Aggregation; 6] = [Value, Mean, Count, Sum, Max, Min];
+const TWELVE: [Aggregation; 12] = [
+    Value, Mean, Count, Sum, Max, Min, Stddev, P50, P90, P95, P99, P999,
+];
 const HOUR: i64 = 3_600_000;
 
 fn windows(closed: Closed) -> Vec<WindowStats> {
-    closed.iter().copied().collect()
+    closed.iter().cloned().collect()
 }
 
 #[test]
@@ -62,18 +65,18 @@ fn ieee_rules_for_min_max_and_sum() {
     let s = Stat::new(&ALL, HOUR, 3);
     s.add_at(-0.0, 0);
     s.add_at(0.0, 0);
-    let w = windows(s.add_at(-0.0, 0))[0];
+    let w = windows(s.add_at(-0.0, 0))[0].clone();
     assert!(w.min.is_sign_negative() && w.max.is_sign_negative());
     assert!(w.sum.is_sign_positive());
 
     let s = Stat::new(&ALL, HOUR, 2);
     s.add_at(f64::NAN, 0);
-    let w = windows(s.add_at(1.0, 0))[0];
+    let w = windows(s.add_at(1.0, 0))[0].clone();
     assert!(w.min.is_nan() && w.max.is_nan() && w.sum.is_nan());
 
     let s = Stat::new(&ALL, HOUR, 2);
     s.add_at(1.0, 0);
-    let w = windows(s.add_at(f64::NAN, 0))[0];
+    let w = windows(s.add_at(f64::NAN, 0))[0].clone();
     assert_eq!((w.min, w.max), (1.0, 1.0));
     assert!(w.sum.is_nan() && w.last.is_nan());
 }
@@ -81,7 +84,7 @@ fn ieee_rules_for_min_max_and_sum() {
 #[test]
 fn the_placeholder_nan_is_still_a_nan_sample() {
     let s = Stat::new(&[Min, Max], HOUR, 1);
-    let w = windows(s.add_at(f64::from_bits(EMPTY_BITS), 0))[0];
+    let w = windows(s.add_at(f64::from_bits(EMPTY_BITS), 0))[0].clone();
     assert!(w.min.is_nan() && w.max.is_nan());
 }
 
@@ -180,7 +183,7 @@ fn threads_lose_and_double_count_nothing_across_boundaries() {
                             clock.fetch_add(1, Ordering::Relaxed);
                         }
                         let now = clock.load(Ordering::Relaxed);
-                        windows.extend(stat.add_at(1.0, now).iter().copied());
+                        windows.extend(stat.add_at(1.0, now).iter().cloned());
                     }
                     windows
                 })
@@ -243,6 +246,13 @@ fn same(a: &WindowStats, b: &WindowStats) -> bool {
         && eq(a.min, b.min)
         && eq(a.max, b.max)
         && eq(a.last, b.last)
+        && eq(a.stddev, b.stddev)
+        && a.quantiles
+            .iter()
+            .zip(&b.quantiles)
+            .all(|(x, y)| eq(*x, *y))
+        && a.distribution.as_ref().map(|d| &d.buckets)
+            == b.distribution.as_ref().map(|d| &d.buckets)
 }
 
 fn assert_same_stats(a: &Stat, b: &Stat, context: &str) {
@@ -262,8 +272,9 @@ fn add_many_is_the_loop_of_add_at() {
     for round in 0..2000 {
         let max_samples = [1, 2, 3, 5, 17, i64::MAX][(rng.next() % 6) as usize];
         let window_ms = [1, 10, HOUR][(rng.next() % 3) as usize];
-        let batched = Stat::new(&ALL, window_ms, max_samples);
-        let looped = Stat::new(&ALL, window_ms, max_samples);
+        let aggregations: &[Aggregation] = if round % 2 == 0 { &ALL } else { &TWELVE };
+        let batched = Stat::new(aggregations, window_ms, max_samples);
+        let looped = Stat::new(aggregations, window_ms, max_samples);
         let mut now = 0;
         for step in 0..8 {
             now += [0, 1, 5, 10, 25][(rng.next() % 5) as usize];
@@ -293,7 +304,7 @@ fn serialized_add_is_the_lock_free_add() {
     let mut rng = XorShift(0x2545_f491_4f6c_dd1d);
     for round in 0..2000 {
         let max_samples = [1, 2, 3, 7, i64::MAX][(rng.next() % 5) as usize];
-        let aggregations: Vec<Aggregation> = ALL
+        let aggregations: Vec<Aggregation> = TWELVE
             .iter()
             .copied()
             .filter(|_| rng.next().is_multiple_of(2))
@@ -384,4 +395,129 @@ fn add_never_allocates() {
 
 fn black_box_closed(closed: Closed) {
     std::hint::black_box(closed.iter().count());
+}
+
+#[test]
+fn adds_with_histograms_allocate_nothing_once_their_octaves_exist() {
+    let stat = Stat::new(&TWELVE, HOUR, i64::MAX);
+    let values: Vec<f64> = (0..600).map(|i| 1e-3 * 1.0233f64.powi(i) - 2.0).collect();
+    // Both buffers see every octave once (a window closes in between).
+    for now in [0, HOUR] {
+        for &v in &values {
+            black_box_closed(stat.add_at(v, now));
+            black_box_closed(stat.add_at(-v, now));
+        }
+    }
+    // This one closes a window (the close allocates the Distribution).
+    black_box_closed(stat.add_at(1.0, 2 * HOUR));
+    let before = allocations();
+    for round in 0..100 {
+        for &v in &values {
+            black_box_closed(stat.add_at(v, 2 * HOUR));
+            black_box_closed(stat.add_at_serialized(-v, 2 * HOUR));
+        }
+        std::hint::black_box(round);
+    }
+    assert_eq!(allocations() - before, 0);
+}
+
+#[test]
+fn a_stat_of_torch_aggregations_keeps_no_extension_state() {
+    let stat = Stat::new(&ALL, HOUR, i64::MAX);
+    stat.add_at(1.0, 0);
+    assert_eq!(stat.extension_bytes(), 0);
+    assert_eq!(
+        stat.add_at(2.0, HOUR).iter().next().unwrap().distribution,
+        None
+    );
+    let stddev_only = Stat::new(&[Stddev], HOUR, i64::MAX);
+    stddev_only.add_at(1.0, 0);
+    let window = stddev_only.add_at(2.0, HOUR).iter().next().unwrap().clone();
+    assert_eq!(window.distribution, None);
+}
+
+/// Memory per Stat for samples spanning six decades, both window buffers
+/// (the figure docs/performance.md reports).
+#[test]
+fn six_decades_fit_in_32_kib() {
+    let stat = Stat::new(&TWELVE, 10, i64::MAX);
+    let base = stat.extension_bytes();
+    let mut now = 0;
+    for window in 0..4 {
+        for i in 0..=6000 {
+            stat.add_at(1e-3 * 10f64.powf(i as f64 / 1000.0), now);
+        }
+        now += 10;
+        let bytes = stat.extension_bytes();
+        eprintln!("window {window}: {bytes} bytes of extension state (empty Stat: {base})");
+        assert!(bytes <= 32 * 1024, "{bytes} bytes");
+    }
+}
+
+#[test]
+fn stddev_is_the_population_one_from_shifted_sums() {
+    let stat = Stat::new(&[Stddev, Count], HOUR, i64::MAX);
+    for v in [2.0, 4.0, 4.0, 4.0, 5.0, 5.0, 7.0, 9.0] {
+        stat.add_at(v, 0);
+    }
+    let w = windows(stat.add_at(0.0, HOUR))[0].clone();
+    assert_eq!(w.get(Stddev), 2.0);
+    // Large offset, unit spread: the unshifted formula would give 0 or noise.
+    let stat = Stat::new(&[Stddev], HOUR, i64::MAX);
+    let mut rng = XorShift(7);
+    let n = 10_000;
+    let noise: Vec<f64> = (0..n)
+        .map(|_| (rng.next() % 2001) as f64 / 1000.0 - 1.0)
+        .collect();
+    for &d in &noise {
+        stat.add_at(1e9 + d, 0);
+    }
+    let mean = noise.iter().sum::<f64>() / n as f64;
+    let exact = (noise.iter().map(|d| (d - mean) * (d - mean)).sum::<f64>() / n as f64).sqrt();
+    let got = windows(stat.add_at(0.0, HOUR))[0].stddev;
+    assert!((got - exact).abs() < 1e-6 * exact, "{got} vs {exact}");
+    // One sample: 0; NaN or an infinity: NaN; empty: 0.
+    let stat = Stat::new(&[Stddev], HOUR, i64::MAX);
+    stat.add_at(3.0, 0);
+    assert_eq!(windows(stat.add_at(f64::INFINITY, HOUR))[0].stddev, 0.0);
+    stat.add_at(1.0, HOUR);
+    assert!(windows(stat.add_at(f64::NAN, 2 * HOUR))[0].stddev.is_nan());
+    assert!(windows(stat.add_at(1.0, 3 * HOUR))[0].stddev.is_nan());
+    assert_eq!(WindowStats::EMPTY.get(Stddev), 0.0);
+}
+
+#[test]
+fn quantiles_are_computed_at_close_from_the_accepted_samples() {
+    // max_samples 100: the 100 accepted samples are 1..=100, the rest dropped.
+    let stat = Stat::new(&TWELVE, HOUR, 100);
+    let mut closed = Vec::new();
+    for v in 1..=150 {
+        closed.extend(windows(stat.add_at(f64::from(v) * 1000.0, 0)));
+    }
+    assert_eq!(closed.len(), 1);
+    let w = &closed[0];
+    let d = w.distribution.as_ref().unwrap();
+    assert_eq!(d.count, 100);
+    assert_eq!(d.buckets.positive.iter().map(|b| b.1).sum::<u64>(), 100);
+    assert_eq!((d.min, d.max, d.sum), (1000.0, 100_000.0, 5_050_000.0));
+    for (aggregation, exact) in [
+        (P50, 50e3),
+        (P90, 90e3),
+        (P95, 95e3),
+        (P99, 99e3),
+        (P999, 100e3),
+    ] {
+        let got = w.get(aggregation);
+        assert!(
+            (got - exact).abs() <= exact * 0.0055,
+            "{aggregation:?}: {got}"
+        );
+    }
+    assert_eq!(w.get(P999), 100_000.0, "rank n is the exact max");
+    assert_eq!(stat.last_closed().get(P90), w.get(P90));
+    // Only NaN: NaN; an empty window: 0.
+    let stat = Stat::new(&[P50], HOUR, i64::MAX);
+    stat.add_at(f64::NAN, 0);
+    assert!(windows(stat.add_at(1.0, HOUR))[0].get(P50).is_nan());
+    assert_eq!(WindowStats::EMPTY.get(P99), 0.0);
 }

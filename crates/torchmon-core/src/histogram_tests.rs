@@ -1,0 +1,438 @@
+//! The tables proven exact with integer arithmetic, the bucket index
+//! checked against an exact oracle, and the quantile rules of docs/api.md.
+
+use super::*;
+use std::cmp::Ordering as Cmp;
+
+/// Unsigned big integers as little-endian 32-bit limbs: just enough to
+/// raise a 54-bit integer to the 128th power exactly.
+#[derive(Clone, Debug, PartialEq)]
+struct Big(Vec<u32>);
+
+impl Big {
+    fn from(value: u64) -> Big {
+        Big(vec![value as u32, (value >> 32) as u32])
+    }
+
+    fn mul(&self, other: &Big) -> Big {
+        let mut out = vec![0u32; self.0.len() + other.0.len()];
+        for (i, &a) in self.0.iter().enumerate() {
+            let mut carry = 0u64;
+            for (j, &b) in other.0.iter().enumerate() {
+                let t = u64::from(a) * u64::from(b) + u64::from(out[i + j]) + carry;
+                out[i + j] = t as u32;
+                carry = t >> 32;
+            }
+            out[i + other.0.len()] = carry as u32;
+        }
+        while out.len() > 1 && *out.last().unwrap() == 0 {
+            out.pop();
+        }
+        Big(out)
+    }
+
+    /// `self^(2^squarings)`.
+    fn pow2(&self, squarings: u32) -> Big {
+        (0..squarings).fold(self.clone(), |x, _| x.mul(&x))
+    }
+
+    fn bit_len(&self) -> u64 {
+        let top = self.0.iter().rposition(|&l| l != 0).map_or(0, |i| i + 1);
+        if top == 0 {
+            return 0;
+        }
+        (top as u64 - 1) * 32 + u64::from(32 - self.0[top - 1].leading_zeros())
+    }
+
+    fn is_power_of_two(&self) -> bool {
+        self.0.iter().map(|l| l.count_ones()).sum::<u32>() == 1
+    }
+
+    /// `self` compared with `2^k`.
+    fn cmp_power_of_two(&self, k: u64) -> Cmp {
+        match self.bit_len().cmp(&(k + 1)) {
+            Cmp::Equal if self.is_power_of_two() => Cmp::Equal,
+            Cmp::Equal => Cmp::Greater,
+            other => other,
+        }
+    }
+}
+
+/// The bucket of a finite `x > 0` by exact arithmetic (the oracle of
+/// docs/api.md): with `x = mant * 2^exp`, mant odd, bucket `i` is the one
+/// with `2^i < x^64 <= 2^(i+1)`.
+fn oracle(x: f64) -> i32 {
+    assert!(x > 0.0 && x.is_finite());
+    let bits = x.to_bits();
+    let biased = (bits >> 52) as i32;
+    let (mut mant, mut exp) = if biased == 0 {
+        (bits & MANTISSA_MASK, -1074)
+    } else {
+        ((bits & MANTISSA_MASK) | 1 << 52, biased - 1075)
+    };
+    let zeros = mant.trailing_zeros();
+    mant >>= zeros;
+    exp += zeros as i32;
+    if mant == 1 {
+        return 64 * exp - 1;
+    }
+    let log = Big::from(mant).pow2(6).bit_len() as i32 - 1;
+    log + 64 * exp
+}
+
+/// `2^k` exactly, subnormals included (`powi` is not exact there).
+fn pow2(k: i32) -> f64 {
+    if k >= -1022 {
+        f64::from_bits(((k + 1023) as u64) << 52)
+    } else {
+        f64::from_bits(1 << (k + 1074))
+    }
+}
+
+fn index_of(x: f64) -> i32 {
+    bucket_index(x.abs().to_bits())
+}
+
+#[test]
+fn boundaries_are_the_exact_floors() {
+    for (j, &b) in BOUNDARIES.iter().enumerate().take(64).skip(1) {
+        let n = (1u64 << 52) + b;
+        let k = 52 * 64 + j as u64;
+        assert_eq!(Big::from(n).pow2(6).cmp_power_of_two(k), Cmp::Less, "{j}");
+        assert_eq!(
+            Big::from(n + 1).pow2(6).cmp_power_of_two(k),
+            Cmp::Greater,
+            "{j}"
+        );
+    }
+    assert_eq!(BOUNDARIES[0], 0);
+    assert_eq!(BOUNDARIES[64], 1 << 52);
+}
+
+#[test]
+fn midpoints_are_the_nearest_doubles() {
+    for (j, &mid) in MIDPOINTS.iter().enumerate() {
+        // mid = M / 2^52 in [1, 2); 2^((2j+1)/128) must lie within half an
+        // ulp: (2M-1)^128 < 2^(53*128 + 2j+1) < (2M+1)^128.
+        let m = mid.to_bits() & MANTISSA_MASK | 1 << 52;
+        assert_eq!(mid.to_bits() >> 52, 1023);
+        let k = 53 * 128 + 2 * j as u64 + 1;
+        assert_eq!(Big::from(2 * m - 1).pow2(7).cmp_power_of_two(k), Cmp::Less);
+        assert_eq!(
+            Big::from(2 * m + 1).pow2(7).cmp_power_of_two(k),
+            Cmp::Greater
+        );
+        assert_eq!(index_of(mid), j as i32, "the midpoint lies in its bucket");
+    }
+    assert_eq!(MIDPOINTS[0], f64::from_bits(0x3ff0163da9fb3335));
+    assert_eq!(MIDPOINTS[63], f64::from_bits(0x3fffd3c22b8f71f1));
+}
+
+#[test]
+fn a_table_segment_holds_at_most_one_boundary() {
+    for j in 1..64 {
+        assert!(BOUNDARIES[j + 1] - BOUNDARIES[j] > 1 << 45, "{j}");
+    }
+    // And the lookup counts the boundaries a mantissa exceeds.
+    let mut probes = vec![0, 1, MANTISSA_MASK];
+    for &b in &BOUNDARIES[1..64] {
+        probes.extend([b - 1, b, b + 1]);
+    }
+    probes.extend((0..128u64).flat_map(|t| [t << 45, (t << 45) | ((1 << 45) - 1)]));
+    for m in probes {
+        let exceeded = BOUNDARIES[1..64].iter().filter(|&&b| m > b).count() as i32;
+        let x = f64::from_bits((1023 << 52) | m);
+        assert_eq!(index_of(x), exceeded - i32::from(m == 0), "mantissa {m:#x}");
+    }
+}
+
+#[test]
+fn powers_of_two_are_upper_bounds() {
+    for k in -1074..=1023 {
+        let x = pow2(k);
+        assert_eq!(index_of(x), 64 * k - 1, "2^{k}");
+        if k < 1023 {
+            // Subnormals near 2^-1074 are too coarse to reach the next
+            // bucket in one ulp: the oracle says where they fall.
+            let expected = if k >= -1022 {
+                64 * k
+            } else {
+                oracle(x.next_up())
+            };
+            assert_eq!(index_of(x.next_up()), expected, "next_up(2^{k})");
+        }
+        if k > -1074 {
+            let below = x.next_down();
+            assert_eq!(index_of(below), oracle(below), "next_down(2^{k})");
+            if k > -1022 {
+                assert_eq!(index_of(below), 64 * k - 1, "next_down(2^{k})");
+            }
+        }
+    }
+    assert_eq!(index_of(f64::from_bits(1)), MIN_INDEX);
+    assert_eq!(index_of(f64::MAX), MAX_INDEX);
+    assert_eq!(index_of(f64::MIN_POSITIVE), 64 * -1022 - 1);
+    assert_eq!(index_of(-2.0), 63);
+}
+
+#[test]
+fn every_boundary_float_matches_the_oracle() {
+    let exponents = (-1022..=-1015)
+        .chain([-500, -1, 0, 1, 52, 600])
+        .chain(1016..=1023);
+    for e in exponents {
+        for &b in &BOUNDARIES[1..64] {
+            let below = f64::from_bits(((e + 1023) as u64) << 52 | b);
+            for x in [
+                below.next_down(),
+                below,
+                below.next_up(),
+                below.next_up().next_up(),
+            ] {
+                assert_eq!(index_of(x), oracle(x), "{x:e} ({:#x})", x.to_bits());
+            }
+        }
+    }
+}
+
+#[test]
+fn random_and_subnormal_values_match_the_oracle() {
+    let mut state = 0x9e37_79b9_7f4a_7c15u64;
+    let mut next = move || {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        state
+    };
+    let mut checked = 0;
+    while checked < 4000 {
+        let bits = next() & !SIGN_BIT;
+        // Half of them subnormal (bits in the low 52 only).
+        let bits = if checked % 2 == 0 {
+            bits & MANTISSA_MASK
+        } else {
+            bits
+        };
+        let x = f64::from_bits(bits);
+        if x == 0.0 || !x.is_finite() {
+            continue;
+        }
+        assert_eq!(index_of(x), oracle(x), "{x:e} ({bits:#x})");
+        assert_eq!(index_of(-x), oracle(x));
+        checked += 1;
+    }
+    for m in 1..2000u64 {
+        let x = f64::from_bits(m);
+        assert_eq!(index_of(x), oracle(x), "subnormal {m}");
+    }
+}
+
+#[test]
+fn representatives_lie_in_their_bucket_and_are_the_scaled_midpoints() {
+    let mut indices: Vec<i32> = (-70_000 / 2..-70_000 / 2 + 200).collect();
+    indices.extend(64 * -1022..64 * -1022 + 200);
+    indices.extend(-200..200);
+    indices.extend(MAX_INDEX - 200..=MAX_INDEX);
+    for i in indices {
+        let rep = representative(i);
+        assert_eq!(index_of(rep), i, "rep({i}) = {rep:e}");
+        let exact = MIDPOINTS[i.rem_euclid(64) as usize] * pow2(i.div_euclid(64));
+        assert_eq!(rep, exact, "{i}");
+    }
+    // Subnormal buckets (those holding a double): rounded once, then moved
+    // into the bucket.
+    for m in (1..5000u64).chain((1..2000).map(|k| k << 40)) {
+        let i = index_of(f64::from_bits(m));
+        let rep = representative(i);
+        assert_eq!(index_of(rep), i, "rep({i}) = {rep:e}");
+        let rounded =
+            MIDPOINTS[i.rem_euclid(64) as usize] * pow2(-1022) * pow2(i.div_euclid(64) + 1022);
+        assert!(rep == rounded || rep == rounded.next_up() || rep == rounded.next_down());
+    }
+    assert_eq!(representative(MIN_INDEX), f64::from_bits(1));
+    assert_eq!(representative(0), MIDPOINTS[0]);
+    assert_eq!(representative(-1), MIDPOINTS[63] / 2.0);
+}
+
+fn distribution_of(samples: &[f64]) -> Distribution {
+    let histogram = Histogram::new();
+    for &v in samples {
+        histogram.record::<false>(v);
+    }
+    // The window's MIN/MAX by torch's rules (a first NaN sticks).
+    let (mut min, mut max) = (samples.first().copied().unwrap_or(0.0), 0.0);
+    max = samples.first().copied().unwrap_or(max);
+    for &v in samples.iter().skip(1) {
+        if min > v {
+            min = v;
+        }
+        if max < v {
+            max = v;
+        }
+    }
+    Distribution {
+        count: samples.len() as u64,
+        sum: samples.iter().sum(),
+        min,
+        max,
+        buckets: histogram.take(),
+    }
+}
+
+/// The sample of rank `max(1, ceil(k*n/1000))` among the non-NaN ones.
+fn exact_quantile(samples: &[f64], k: u32) -> f64 {
+    let mut sorted: Vec<f64> = samples.iter().copied().filter(|v| !v.is_nan()).collect();
+    sorted.sort_by(f64::total_cmp);
+    let n = sorted.len() as u64;
+    let rank = (u64::from(k) * n).div_ceil(1000).max(1);
+    sorted[(rank - 1) as usize]
+}
+
+#[test]
+fn take_reads_every_sample_once_and_empties_the_histogram() {
+    let histogram = Histogram::new();
+    let samples = [
+        1.0,
+        1.0,
+        -1.0,
+        0.0,
+        -0.0,
+        f64::NAN,
+        f64::INFINITY,
+        f64::NEG_INFINITY,
+        3e-310,
+        1e300,
+    ];
+    for v in samples {
+        histogram.record::<true>(v);
+    }
+    let buckets = histogram.take();
+    assert_eq!(
+        (
+            buckets.zero_count,
+            buckets.nan_count,
+            buckets.positive_inf_count,
+            buckets.negative_inf_count
+        ),
+        (2, 1, 1, 1)
+    );
+    let mut positive = vec![(index_of(3e-310), 1), (-1, 2), (index_of(1e300), 1)];
+    positive.sort_unstable();
+    assert_eq!(buckets.positive, positive);
+    assert_eq!(buckets.negative, [(-1, 1)]);
+    assert_eq!(histogram.take(), Buckets::default());
+}
+
+#[test]
+fn quantiles_follow_the_rules() {
+    // Empty: 0.0; all NaN: NaN.
+    assert_eq!(distribution_of(&[]).quantile_thousandths(500), 0.0);
+    assert!(
+        distribution_of(&[f64::NAN, f64::NAN])
+            .quantile_thousandths(500)
+            .is_nan()
+    );
+    // Ranks 1 and n are the exact min and max.
+    let d = distribution_of(&[3.0, 1.1, 7.3]);
+    assert_eq!(d.quantile_thousandths(0), 1.1);
+    assert_eq!(d.quantile_thousandths(999), 7.3);
+    // Rank 2 of 3: 3.0's bucket, by its representative.
+    let rep = d.quantile_thousandths(500);
+    assert_eq!(rep, representative(index_of(3.0)));
+    assert!((rep - 3.0).abs() / 3.0 < 0.0055);
+    // Infinities and zeros.
+    let d = distribution_of(&[f64::NEG_INFINITY, 0.0, -0.0, 5.0, f64::INFINITY, f64::NAN]);
+    assert_eq!(d.quantile_thousandths(200), f64::NEG_INFINITY);
+    assert_eq!(d.quantile_thousandths(500), 0.0);
+    assert_eq!(d.quantile_thousandths(999), f64::INFINITY);
+    // A NaN first sample makes min/max NaN: no exact ends, no clamp.
+    let d = distribution_of(&[f64::NAN, 2.0, 2.0]);
+    assert_eq!(d.quantile_thousandths(999), representative(index_of(2.0)));
+    // A constant window reports the constant (clamped).
+    let d = distribution_of(&[0.1; 10]);
+    assert_eq!(d.quantile_thousandths(500), 0.1);
+}
+
+#[test]
+fn quantiles_are_within_the_bucket_half_width_of_the_exact_ones() {
+    let mut state = 12345u64;
+    let mut uniform = move || {
+        state = state
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        (state >> 11) as f64 / (1u64 << 53) as f64
+    };
+    for case in 0..40 {
+        let n = 1 + case * 37;
+        let samples: Vec<f64> = (0..n)
+            .map(|i| {
+                let magnitude = (uniform() * 40.0 - 20.0).exp();
+                match (case + i) % 7 {
+                    0 => -magnitude,
+                    1 => magnitude * 1e-310,
+                    2 if case % 5 == 0 => 0.0,
+                    _ => magnitude,
+                }
+            })
+            .collect();
+        let d = distribution_of(&samples);
+        for k in QUANTILE_THOUSANDTHS.into_iter().chain([0, 1, 250, 1000]) {
+            let exact = exact_quantile(&samples, k);
+            let got = d.quantile_thousandths(k);
+            let error = if exact == 0.0 {
+                got.abs()
+            } else {
+                ((got - exact) / exact).abs()
+            };
+            // Subnormals with few significant bits round further.
+            let bound = if exact.abs() < f64::MIN_POSITIVE * 1e3 {
+                0.02
+            } else {
+                0.0055
+            };
+            assert!(error <= bound, "case {case} k {k}: {got:e} vs {exact:e}");
+        }
+    }
+}
+
+#[test]
+fn merging_equals_the_histogram_of_all_samples() {
+    let a = [1.0, -2.0, 0.0, 5e-320, f64::NAN, 1e10];
+    let b = [3.0, 1.0, f64::INFINITY, -2.0, -7.0];
+    let merged = distribution_of(&a).merge(&distribution_of(&b));
+    let all: Vec<f64> = a.iter().chain(&b).copied().collect();
+    let whole = distribution_of(&all);
+    assert_eq!(merged.buckets, whole.buckets);
+    assert_eq!(merged.count, whole.count);
+    assert_eq!((merged.min, merged.max), (-7.0, f64::INFINITY));
+    // A NaN min/max gives way to the other one.
+    let nan_first = distribution_of(&[f64::NAN, 4.0]);
+    let m = nan_first.merge(&distribution_of(&[2.0]));
+    assert_eq!((m.min, m.max), (2.0, 2.0));
+}
+
+#[test]
+fn racing_first_samples_of_one_octave_allocate_one_block() {
+    let histogram = std::sync::Arc::new(Histogram::new());
+    let barrier = std::sync::Arc::new(std::sync::Barrier::new(4));
+    let threads: Vec<_> = (0..4)
+        .map(|t| {
+            let histogram = histogram.clone();
+            let barrier = barrier.clone();
+            std::thread::spawn(move || {
+                barrier.wait();
+                for i in 0..10_000 {
+                    histogram
+                        .record::<false>(1.0 + ((i % 64) as f64 + 0.5) / 64.0 + t as f64 * 1e-9);
+                }
+            })
+        })
+        .collect();
+    for t in threads {
+        t.join().unwrap();
+    }
+    let buckets = histogram.take();
+    assert_eq!(buckets.positive.iter().map(|b| b.1).sum::<u64>(), 40_000);
+    let one_block = size_of::<Histogram>() + size_of::<Group>() + size_of::<Block>();
+    assert_eq!(histogram.allocated_bytes(), one_block);
+}

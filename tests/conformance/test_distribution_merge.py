@@ -1,0 +1,211 @@
+"""Merging windows' histograms (docs/api.md, "Distribution"): the merge of k
+windows' ``event.distribution`` is the histogram one window over all their
+samples would have had, and gives the same quantiles; the buckets are also
+checked against the reference model's exact ones. Plus bad input to the new
+aggregations: a clear TypeError/ValueError, never a crash."""
+
+from __future__ import annotations
+
+import datetime as dt
+import functools
+import math
+from typing import Any
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+from support import run_python
+
+import torchmon
+from torchmon.testing import ManualClock
+
+from . import model
+from .rules import floats, sample_batches
+
+pytestmark = pytest.mark.hypothesis_suite
+
+QUANTILES = [0.0, 0.001, 0.25, 0.5, 0.9, 0.95, 0.99, 0.999, 1.0]
+
+
+def histogram_fields(d: Any) -> tuple[Any, ...]:
+    """Everything but sum, min and max."""
+    return (
+        d.scale,
+        d.count,
+        d.zero_count,
+        d.nan_count,
+        d.positive_inf_count,
+        d.negative_inf_count,
+        tuple(tuple(b) for b in d.positive),
+        tuple(tuple(b) for b in d.negative),
+    )
+
+
+def same(a: float, b: float) -> bool:
+    """Equal as numbers (0.0 == -0.0), or both NaN."""
+    return a == b or (math.isnan(a) and math.isnan(b))
+
+
+def sum_within_float_tolerance(got: float, samples: list[float]) -> bool:
+    """A sum of the same samples in another order (the windows' sums added):
+    each order's error is at most (n - 1) u sum(|x|)."""
+    if any(math.isnan(x) for x in samples) or {math.inf, -math.inf} <= set(samples):
+        return math.isnan(got)
+    if math.inf in samples or -math.inf in samples:
+        return got == math.fsum(x for x in samples if math.isinf(x))
+    magnitude = math.fsum(abs(x) for x in samples)
+    if not math.isfinite(magnitude) or magnitude * 4 * len(samples) > 1.7e308:
+        return True  # partial sums may overflow in one order only
+    exact = math.fsum(samples)
+    return abs(got - exact) <= 2 * len(samples) * 2.0**-53 * magnitude
+
+
+def window_distributions(chunks: list[list[float]]) -> tuple[list[Any], Any]:
+    """One Stat whose windows hold the chunks (the test clock moves between
+    them), and one Stat with a single window of every sample."""
+    events: list[torchmon.Event] = []
+    handle = torchmon.register_event_handler(events.append)
+    try:
+        with ManualClock(0) as clock:
+            windowed = torchmon.Stat("w", [torchmon.P50], dt.timedelta(milliseconds=10))
+            whole = torchmon.Stat("all", [torchmon.P99, torchmon.STDDEV], dt.timedelta(hours=1))
+            for chunk in chunks:
+                for v in chunk:
+                    windowed.add(v)
+                    whole.add(v)
+                clock.advance(10)
+            del windowed, whole  # each emits its open window
+    finally:
+        torchmon.unregister_event_handler(handle)
+    parts = [e.distribution for e in events if "w.p50" in e.data]
+    (single,) = [e.distribution for e in events if "all.p99" in e.data]
+    return parts, single
+
+
+chunk_lists = st.lists(
+    st.one_of(
+        sample_batches().map(lambda batch: batch[2][:300]),
+        st.lists(floats, min_size=1, max_size=20),
+    ),
+    min_size=1,
+    max_size=6,
+)
+
+
+@given(chunk_lists)
+def test_merged_windows_equal_one_window_of_all_samples(chunks: list[list[float]]) -> None:
+    parts, single = window_distributions(chunks)
+    assert len(parts) == len(chunks)
+    for part, chunk in zip(parts, chunks):
+        assert part.count == len(chunk)
+    merged = functools.reduce(lambda a, b: a.merge(b), parts)
+    samples = [v for chunk in chunks for v in chunk]
+
+    oracle = model.Distribution.of_samples(samples, 0.0, 0.0, 0.0)
+    assert histogram_fields(merged) == histogram_fields(single) == histogram_fields(oracle)
+    assert sum_within_float_tolerance(merged.sum, samples)
+    assert sum_within_float_tolerance(single.sum, samples)
+    if math.isnan(samples[0]):
+        # A NaN first sample makes the one window's MIN and MAX NaN (torch's
+        # rule); the merge takes the other windows' (docs/api.md).
+        assert math.isnan(single.min) and math.isnan(single.max)
+        return
+    assert same(merged.min, single.min) and same(merged.max, single.max)
+    for q in QUANTILES:
+        assert same(merged.quantile(q), single.quantile(q)), q
+
+
+@given(chunk_lists, st.randoms())
+def test_merge_is_order_independent(chunks: list[list[float]], rnd: Any) -> None:
+    parts, _ = window_distributions(chunks)
+    forward = functools.reduce(lambda a, b: a.merge(b), parts)
+    rnd.shuffle(parts)
+    shuffled = functools.reduce(lambda a, b: a.merge(b), parts)
+    assert histogram_fields(forward) == histogram_fields(shuffled)
+    assert same(forward.min, shuffled.min) and same(forward.max, shuffled.max)
+    for q in QUANTILES:
+        assert same(forward.quantile(q), shuffled.quantile(q))
+
+
+def test_window_quantile_method_gives_the_events_values() -> None:
+    events: list[torchmon.Event] = []
+    handle = torchmon.register_event_handler(events.append)
+    try:
+        stat = torchmon.Stat("s", [torchmon.P90, torchmon.P999, torchmon.P50], 3600.0)
+        for v in range(1, 2001):
+            stat.add(v * 0.37)
+        del stat
+    finally:
+        torchmon.unregister_event_handler(handle)
+    (event,) = events
+    d = event.distribution
+    assert d.count == 2000
+    assert d.quantile(0.9) == event.data["s.p90"]
+    assert d.quantile(0.999) == event.data["s.p999"]
+    assert d.quantile(0.5) == event.data["s.p50"]
+    assert "distribution" not in event.data
+
+
+# -- bad input ------------------------------------------------------------------
+
+_BAD_INPUT_CHILD = """
+import datetime as dt, math
+import torchmon
+from torchmon import Aggregation, Stat
+
+def outcome(call):
+    try:
+        call()
+    except (TypeError, ValueError) as exc:
+        return type(exc).__name__ + ": " + str(exc)
+    except BaseException as exc:
+        return "UNEXPECTED " + type(exc).__name__ + ": " + str(exc)
+    return "ok"
+
+W = dt.timedelta(seconds=1)
+cases = {
+    "Aggregation(13)": lambda: Aggregation(13),
+    "Aggregation(0)": lambda: Aggregation(0),
+    "Aggregation(-1)": lambda: Aggregation(-1),
+    "Aggregation(2**70)": lambda: Aggregation(2**70),
+    "Aggregation('P50')": lambda: Aggregation("P50"),
+    "Aggregation(8.0)": lambda: Aggregation(8.0),
+    "Stat int": lambda: Stat("x", [13], W),
+    "Stat str": lambda: Stat("x", ["P99"], W),
+    "Stat None": lambda: Stat("x", [torchmon.P99, None], W),
+    "Stat object": lambda: Stat("x", [object()], W),
+    "merge None": lambda: Stat("x", [torchmon.P50], W) and torchmon.Distribution(
+        count=0, sum=0.0, min=0.0, max=0.0).merge(None),
+    "quantile 1.5": lambda: torchmon.Distribution(count=0, sum=0.0, min=0.0, max=0.0).quantile(1.5),
+    "quantile nan": lambda: torchmon.Distribution(count=0, sum=0.0, min=0.0, max=0.0).quantile(
+        math.nan),
+    "quantile str": lambda: torchmon.Distribution(count=0, sum=0.0, min=0.0, max=0.0).quantile(
+        "0.5"),
+}
+for name, call in cases.items():
+    print(name, "->", outcome(call))
+assert Aggregation(12) is torchmon.P999 and Aggregation(7) is torchmon.STDDEV
+s = Stat("ok", [torchmon.STDDEV, torchmon.P999], W)
+for v in (1.0, float("nan"), float("inf"), -0.0, 5e-324, 1e308, -1e308):
+    s.add(v)
+print("get ->", sorted((k.name, type(v).__name__) for k, v in s.get().items()))
+print("done")
+"""
+
+
+def test_bad_input_to_the_new_members_raises_clear_errors_in_a_child() -> None:
+    proc = run_python(_BAD_INPUT_CHILD, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    lines = dict(line.split(" -> ", 1) for line in proc.stdout.splitlines() if " -> " in line)
+    assert proc.stdout.splitlines()[-1] == "done"
+    for name in ("Aggregation(13)", "Aggregation(0)", "Aggregation(-1)", "Aggregation(2**70)"):
+        assert lines[name].startswith("ValueError: "), (name, lines[name])
+        assert "1 to 12" in lines[name], lines[name]
+    for name in ("Aggregation('P50')", "Aggregation(8.0)", "Stat int", "Stat str", "Stat None"):
+        assert lines[name].startswith("TypeError: "), (name, lines[name])
+    assert lines["Stat object"].startswith("TypeError: ")
+    assert lines["merge None"].startswith("TypeError: ")
+    for name in ("quantile 1.5", "quantile nan"):
+        assert lines[name].startswith("ValueError: ") and "q" in lines[name], lines[name]
+    assert lines["quantile str"].startswith("TypeError: ")
+    assert lines["get"] == "[('P999', 'float'), ('STDDEV', 'float')]"
