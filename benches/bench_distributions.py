@@ -10,7 +10,8 @@ What it prints (docs/performance.md, "Distributions", has a run):
 
 1. Per-call cost of one sample, in ns (minimum and median of ``--repeat``
    runs of ``--number`` calls), as multiples of ``math.fabs(1.5)`` measured
-   in the same run: torchmon ``Stat.add`` with the twelve aggregations (the
+   in the same run (min over min, and the median of the ratios of each run
+   to the fabs run just before it): torchmon ``Stat.add`` with the twelve aggregations (the
    six torch ones, STDDEV and P50..P999; only when the installed torchmon has
    them) and with five torch-like ones, torch.monitor's five-aggregation
    ``add``, prometheus_client ``Histogram.observe`` (default buckets),
@@ -94,9 +95,39 @@ def exact_quantile(ordered: list[float], q: float) -> float:
 # --- per-call costs -----------------------------------------------------------
 
 
-def ns_min_median(stmt: str, env: dict[str, Any], number: int, repeat: int) -> tuple[float, float]:
-    runs = sorted(timeit.Timer(stmt, globals=env).repeat(repeat=repeat, number=number))
-    return runs[0] / number * 1e9, statistics.median(runs) / number * 1e9
+def per_call_costs(
+    cases: list[tuple[str, str, dict[str, Any]]], number: int, repeat: int
+) -> tuple[dict[str, tuple[float, float, float]], tuple[float, float]]:
+    """Per case: (min ns, median ns, median of its ratios to fabs), and
+    fabs's own (min, median) ns.
+
+    Rounds, not one case after the other: in each of ``repeat`` rounds every
+    case runs ``number`` calls right after ``math.fabs(1.5)`` does, and its
+    ratio is taken to that fabs run, so a load that comes and goes on a
+    shared machine moves both sides of each ratio alike.
+    """
+    fabs = timeit.Timer("fabs(1.5)", globals={"fabs": math.fabs})
+    timers = {label: timeit.Timer(stmt, globals=env) for label, stmt, env in cases}
+    runs: dict[str, list[float]] = {label: [] for label in timers}
+    ratios: dict[str, list[float]] = {label: [] for label in timers}
+    floor_runs: list[float] = []
+    for _ in range(repeat):
+        for label, timer in timers.items():
+            floor = fabs.timeit(number)
+            cost = timer.timeit(number)
+            floor_runs.append(floor)
+            runs[label].append(cost)
+            ratios[label].append(cost / floor)
+    scale = 1e9 / number
+    costs = {
+        label: (
+            min(runs[label]) * scale,
+            statistics.median(runs[label]) * scale,
+            statistics.median(ratios[label]),
+        )
+        for label in timers
+    }
+    return costs, (min(floor_runs) * scale, statistics.median(floor_runs) * scale)
 
 
 def otel_histogram(exponential: bool) -> tuple[Any, Any]:
@@ -421,11 +452,10 @@ def main() -> None:
     if args.quick:
         args.repeat, args.number, args.samples, args.stats = 3, 20_000, 20_000, 200
 
-    floor = ns_min_median("fabs(1.5)", {"fabs": math.fabs}, args.number, args.repeat)
     cases, skipped = add_cases()
-    costs = {}
-    for label, stmt, make_env in cases:
-        costs[label] = ns_min_median(stmt, make_env(), args.number, args.repeat)
+    costs, floor = per_call_costs(
+        [(label, stmt, make_env()) for label, stmt, make_env in cases], args.number, args.repeat
+    )
 
     samples = lognormal(args.samples)
     close_rows = {}
@@ -447,25 +477,26 @@ def main() -> None:
 
     print(
         f"Python {platform.python_version()}, {platform.machine()}; "
-        f"{args.repeat} x {args.number} calls; math.fabs(1.5) = {floor[0]:.1f} ns (min), "
+        f"{args.repeat} rounds x {args.number} calls; math.fabs(1.5) = {floor[0]:.1f} ns (min), "
         f"{floor[1]:.1f} ns (median)\n"
     )
     for reason in skipped + error_skips:
         print(f"skipped: {reason}")
-    print("\n| one sample | min ns | median ns | × fabs (min) | × fabs (median) |")
+    print(
+        "\n| one sample | min ns | median ns | × fabs (min / min) "
+        "| × fabs (median of paired ratios) |"
+    )
     print("| --- | ---: | ---: | ---: | ---: |")
-    for label, (low, median) in costs.items():
-        print(
-            f"| {label} | {low:.1f} | {median:.1f} | {low / floor[0]:.2f} | "
-            f"{median / floor[1]:.2f} |"
-        )
+    for label, (low, median, ratio) in costs.items():
+        print(f"| {label} | {low:.1f} | {median:.1f} | {low / floor[0]:.2f} | {ratio:.2f} |")
     print(f"| math.fabs(1.5) | {floor[0]:.1f} | {floor[1]:.1f} | 1.00 | 1.00 |")
     twelve = next((v for k, v in costs.items() if "12 aggregations" in k), None)
     prom = next((v for k, v in costs.items() if k.startswith("prometheus")), None)
     if twelve is not None and prom is not None:
         print(
             f"\nprometheus_client observe / torchmon 12-aggregation add: "
-            f"{prom[0] / twelve[0]:.1f} × (min), {prom[1] / twelve[1]:.1f} × (median)"
+            f"{prom[0] / twelve[0]:.1f} × (min / min), "
+            f"{prom[2] / twelve[2]:.1f} × (ratio of the median ratios)"
         )
 
     print(
@@ -503,7 +534,7 @@ def main() -> None:
                     "repeat": args.repeat,
                     "number": args.number,
                     "fabs_ns_min_median": floor,
-                    "add_ns_min_median": costs,
+                    "add_ns_min_median_ratio": costs,
                     "window_close_us_min_median": close_rows,
                     "memory_bytes_per_stat": memory,
                     "relative_error": {
