@@ -79,7 +79,7 @@ def aggregations(module: Any, names: tuple[str, ...]) -> list[Any]:
 
 def lognormal(n: int, seed: int = 0) -> list[float]:
     """n latencies in seconds: median 10 ms, sigma 1.5 (10^5 of them span
-    about six decades, ~30 us to ~30 s)."""
+    about six decades: 8.5 us to 4.6 s with seed 0)."""
     import random
 
     rng = random.Random(seed)
