@@ -148,9 +148,28 @@ pub fn is_normalised_value(value: &Bound<'_, PyAny>) -> bool {
 /// An exact str that encodes as UTF-8 (no lone surrogates).
 #[inline]
 pub fn is_plain_str(value: &Bound<'_, PyAny>) -> bool {
-    value
-        .cast_exact::<PyString>()
-        .is_ok_and(|s| s.to_str().is_ok())
+    let Ok(s) = value.cast_exact::<PyString>() else {
+        return false;
+    };
+    // An ASCII string is valid UTF-8: no call to build or look up its
+    // UTF-8 form (the common case for keys and values).
+    // (pyo3 reads the state bits up to 3.13; later versions take to_str.)
+    #[cfg(not(any(Py_LIMITED_API, PyPy, GraalPy, Py_3_14)))]
+    {
+        // Before 3.12 a legacy string may not be "ready"; its ascii bit
+        // means nothing until it is.
+        #[cfg(not(Py_3_12))]
+        // SAFETY: `s` is a live str; this reads its state bits.
+        let ready = unsafe { pyo3::ffi::PyUnicode_IS_READY(s.as_ptr()) } != 0;
+        #[cfg(Py_3_12)]
+        let ready = true;
+        // SAFETY: `s` is a live, ready exact str; PyUnicode_IS_ASCII reads
+        // its state bits.
+        if ready && unsafe { pyo3::ffi::PyUnicode_IS_ASCII(s.as_ptr()) } != 0 {
+            return true;
+        }
+    }
+    s.to_str().is_ok()
 }
 
 /// An Event data value, normalised to exact `str`, `int` (int64), `float`

@@ -78,10 +78,14 @@ fn event_timestamp<'py>(value: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyAny>
 pub fn event_data<'py>(value: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyDict>> {
     let py = value.py();
     // The common case, a plain dict of plain values, is one C-level copy.
+    // It stays a copy even when the call seems to hold the only reference:
+    // `Event(*args)` and `functools.partial(Event, name, ts, d)` pass a dict
+    // whose one reference is a tuple the caller keeps, and a C caller may
+    // lend one it goes on using, so a reference count of 1 does not prove
+    // the dict is a temporary (docs/performance.md, "Where the remaining
+    // time goes"; tests/api/test_event.py pins both cases).
     if let Ok(dict) = value.cast_exact::<PyDict>()
-        && dict
-            .iter()
-            .all(|(key, item)| is_plain_str(&key) && is_normalised_value(&item))
+        && all_normalised(dict)
     {
         return dict.copy();
     }
@@ -117,6 +121,47 @@ pub fn event_data<'py>(value: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyDict>
         )));
     }
     Ok(copy)
+}
+
+/// Whether every key of an exact dict is a plain str and every value is
+/// normalised, so that a copy is all `event_data` has to make.
+#[cfg(not(Py_GIL_DISABLED))]
+fn all_normalised(dict: &Bound<'_, PyDict>) -> bool {
+    let py = dict.py();
+    let mut pos: pyo3::ffi::Py_ssize_t = 0;
+    let mut key = std::ptr::null_mut();
+    let mut item = std::ptr::null_mut();
+    // PyDict_Next with borrowed references instead of PyO3's iterator, which
+    // takes and releases a reference to each key and value and checks the
+    // dict's size at every step (with is_plain_str's ASCII shortcut, the
+    // check of three entries went from ~500 to ~370 instructions;
+    // callgrind, docs/performance.md).
+    // SAFETY: `dict` is a live dict for the whole loop (`&Bound` holds a
+    // reference). PyDict_Next hands out borrowed references that stay valid
+    // while the dict is not changed. A passing check only compares types and
+    // reads an exact int's or exact str's value (is_normalised_value,
+    // is_plain_str), which runs no Python code, and with the GIL held no
+    // other thread runs, so nothing changes the dict before the next step.
+    // Python code can run only inside a failing check (the error of an int
+    // beyond int64 or a str with lone surrogates is an allocation, which
+    // may start a garbage collection and its finalizers); the loop then
+    // returns without touching `key` or `item` again.
+    while unsafe { pyo3::ffi::PyDict_Next(dict.as_ptr(), &mut pos, &mut key, &mut item) } != 0 {
+        // SAFETY: borrowed, non-NULL references from PyDict_Next (above).
+        let (key, item) = unsafe { (Borrowed::from_ptr(py, key), Borrowed::from_ptr(py, item)) };
+        if !(is_plain_str(&key) && is_normalised_value(&item)) {
+            return false;
+        }
+    }
+    true
+}
+
+/// Free-threaded builds: PyO3's iterator, which locks the dict while it
+/// reads (another thread may change it meanwhile).
+#[cfg(Py_GIL_DISABLED)]
+fn all_normalised(dict: &Bound<'_, PyDict>) -> bool {
+    dict.iter()
+        .all(|(key, item)| is_plain_str(&key) && is_normalised_value(&item))
 }
 
 impl Event {

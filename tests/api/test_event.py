@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import collections
 import enum
+import functools
 import pickle
 import types
 from collections.abc import Iterator, Mapping
@@ -131,6 +132,30 @@ def test_data_is_copied_at_construction() -> None:
     src["a"] = 2
     src["b"] = 3
     assert e.data == {"a": 1}
+
+
+def test_data_is_copied_when_a_kept_tuple_holds_its_only_reference() -> None:
+    # `Event(*args)` passes the tuple's items: the dict's only reference is
+    # the tuple the caller keeps, so a reference count of 1 does not make it
+    # a temporary (docs/performance.md, "Where the remaining time goes").
+    args = ("e", TS, {"a": 1})
+    e = Event(*args)
+    args[2]["a"] = 2
+    args[2]["b"] = 3
+    assert e.data == {"a": 1}
+
+
+def test_data_is_copied_when_a_partial_holds_its_only_reference() -> None:
+    make = functools.partial(Event, "e", TS, {"a": 1})
+    first, second = make(), make()
+    make.args[2]["a"] = 2
+    assert first.data == {"a": 1}
+    assert second.data == {"a": 1}
+
+
+def test_a_dict_literal_argument_gives_its_values() -> None:
+    e = Event("e", TS, {"a": 1, "b": 2.5, "c": "x", "d": True, "é": "ü"})
+    assert e.data == {"a": 1, "b": 2.5, "c": "x", "d": True, "é": "ü"}
 
 
 def test_data_getter_returns_a_fresh_dict_each_time() -> None:
