@@ -281,7 +281,9 @@ def add_parser(commands: Any) -> None:
             "mean, min and max of each aggregation across them; then, for the Stats "
             "whose distributions were stored (JsonlEventHandler(distributions=True)), "
             "p50, p90, p99 and p999 of every sample of every window of every file; "
-            "then a count of the other events."
+            "then a count of the other events; with many files (events-rank*.jsonl), "
+            "the totals of count and sum across them and the min and max of every "
+            "aggregation with the rank (or file) that held it."
         ),
     )
     summarize.add_argument("files", metavar="FILE.jsonl", nargs="+")
