@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
+import re
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any, TextIO
 
@@ -125,6 +127,82 @@ class _Summary:
             _write_table(self.other_rows(), out, numeric_from=1, numeric_to=2)
 
 
+#: The rank in a file's name, as ``JsonlEventHandler.for_rank`` writes it
+#: (``events-rank3.jsonl``): the digits after the last "rank".
+_RANK_IN_NAME = re.compile(r"rank(\d+)")
+
+
+def _rank_labels(paths: list[str]) -> list[str]:
+    """Each file's rank from its name (``events-rank3.jsonl`` -> ``3``); the
+    paths as given when a name holds no rank or two names the same one."""
+    labels = []
+    for path in paths:
+        found = _RANK_IN_NAME.findall(os.path.basename(path))
+        labels.append(str(int(found[-1])) if found else "")
+    if "" in labels or len(set(labels)) != len(labels):
+        return list(paths)
+    return labels
+
+
+#: The aggregations whose values add up across windows and ranks.
+_ADDITIVE = frozenset({"count", "sum"})
+
+
+class _Ranks:
+    """Across files (ranks): for every stat and aggregation, the total of the
+    additive ones, and the min and max over every window of every file with
+    the file (rank) that held it: the straggler view."""
+
+    def __init__(self, files: list[tuple[str, list[tuple[Event, Distribution | None]]]]) -> None:
+        # (stat, aggregation) -> [files holding it, total, min, min label, max, max label]
+        self.rows: dict[tuple[str, str], list[Any]] = {}
+        for label, records in files:
+            seen: set[tuple[str, str]] = set()
+            for event, _ in records:
+                if event.name != STAT_EVENT:
+                    continue
+                for key, value in event.data.items():
+                    if not _is_number(value):
+                        continue
+                    value = float(value)
+                    name = _split_stat_key(key)
+                    row = self.rows.setdefault(name, [0, 0.0, math.nan, "-", math.nan, "-"])
+                    if name not in seen:
+                        seen.add(name)
+                        row[0] += 1
+                    row[1] += value
+                    if math.isnan(value):
+                        continue
+                    # Strict comparisons: on a tie the first file given keeps it.
+                    if math.isnan(row[2]) or value < row[2]:
+                        row[2:4] = value, label
+                    if math.isnan(row[4]) or value > row[4]:
+                        row[4:6] = value, label
+
+    def rank_rows(self) -> list[list[str]]:
+        rows = [["stat", "aggregation", "ranks", "total", "min", "min_rank", "max", "max_rank"]]
+        for stat, agg in sorted(self.rows, key=lambda name: name[0]):
+            ranks, total, low, low_at, high, high_at = self.rows[stat, agg]
+            rows.append(
+                [
+                    stat,
+                    agg or "-",
+                    str(ranks),
+                    _number(total) if agg in _ADDITIVE else "-",
+                    _number(low),
+                    low_at,
+                    _number(high),
+                    high_at,
+                ]
+            )
+        return rows
+
+    def write(self, out: TextIO) -> None:
+        if self.rows:
+            print(file=out)
+            _write_table(self.rank_rows(), out, numeric_from=2)
+
+
 def _mean(values: list[float]) -> float:
     """The mean of non-NaN ``values``, as IEEE arithmetic has it where
     ``math.fsum`` raises: inf and -inf give NaN, and a sum beyond the float
@@ -167,10 +245,12 @@ def _write_table(
 
 def run(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     records: list[tuple[Event, Distribution | None]] = []
+    per_file = []
     skipped, first_skipped = 0, None
     for path in args.files:
         more, skipped_here, first_here = _read_records(path, "raise" if args.strict else "skip")
         records += more
+        per_file.append(more)
         skipped += skipped_here
         first_skipped = first_skipped or first_here
     if skipped:
@@ -187,6 +267,8 @@ def run(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
         print(f"{where}: no events", file=out)
         return _EXIT_OK
     _Summary(records).write(out)
+    if len(args.files) > 1:
+        _Ranks(list(zip(_rank_labels(args.files), per_file))).write(out)
     return _EXIT_OK
 
 
@@ -199,7 +281,9 @@ def add_parser(commands: Any) -> None:
             "mean, min and max of each aggregation across them; then, for the Stats "
             "whose distributions were stored (JsonlEventHandler(distributions=True)), "
             "p50, p90, p99 and p999 of every sample of every window of every file; "
-            "then a count of the other events."
+            "then a count of the other events; with many files (events-rank*.jsonl), "
+            "the totals of count and sum across them and the min and max of every "
+            "aggregation with the rank (or file) that held it."
         ),
     )
     summarize.add_argument("files", metavar="FILE.jsonl", nargs="+")
