@@ -41,6 +41,10 @@ if TYPE_CHECKING:
     from .handlers.prometheus import PrometheusEventHandler
     from .handlers.tensorboard import TensorboardEventHandler
 
+# System stats (docs/guide.md, "System stats"): imported on first use too.
+if TYPE_CHECKING:
+    from ._system import SystemStats
+
 _FROM_HANDLERS = frozenset(
     (
         "JsonlEventHandler",
@@ -59,11 +63,15 @@ def __getattr__(name: str) -> object:
 
         handlers = importlib.import_module(".handlers", __name__)
         return handlers if name == "handlers" else getattr(handlers, name)
+    if name == "SystemStats":  # system stats: logging and a sampler thread, on first use
+        from ._system import SystemStats
+
+        return SystemStats
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def __dir__() -> list[str]:
-    return sorted({*globals(), "handlers", *_FROM_HANDLERS})
+    return sorted({*globals(), "handlers", *_FROM_HANDLERS, "SystemStats"})
 
 
 # torch.monitor exports the members at module level too. They come from the
@@ -96,6 +104,7 @@ __all__ = [
     "PrometheusEventHandler",
     "SignalFlush",
     "Stat",
+    "SystemStats",
     "TensorboardEventHandler",
     "WaitCounter",
     "_WaitCounter",
