@@ -36,6 +36,7 @@ from ._wait_counter import WaitCounter, _WaitCounter, _WaitCounterTracker
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from . import handlers as handlers
+    from ._rank import RankInfo, rank_info
     from .handlers.jsonl import JsonlEventHandler, read_jsonl
     from .handlers.otel import OpenTelemetryEventHandler
     from .handlers.prometheus import PrometheusEventHandler
@@ -56,6 +57,10 @@ _FROM_HANDLERS = frozenset(
 )
 
 
+# Multi-node helpers (docs/api.md, "`rank_info` and the per-rank sinks"), also loaded on first use.
+_FROM_RANK = frozenset(("RankInfo", "rank_info"))
+
+
 def __getattr__(name: str) -> object:
     if name == "handlers" or name in _FROM_HANDLERS:
         # Not `from . import handlers`: that looks the attribute up first, here.
@@ -63,6 +68,10 @@ def __getattr__(name: str) -> object:
 
         handlers = importlib.import_module(".handlers", __name__)
         return handlers if name == "handlers" else getattr(handlers, name)
+    if name in _FROM_RANK:
+        from . import _rank
+
+        return getattr(_rank, name)
     if name == "SystemStats":  # system stats: logging and a sampler thread, on first use
         from ._system import SystemStats
 
@@ -71,7 +80,7 @@ def __getattr__(name: str) -> object:
 
 
 def __dir__() -> list[str]:
-    return sorted({*globals(), "handlers", *_FROM_HANDLERS, "SystemStats"})
+    return sorted({*globals(), "handlers", *_FROM_HANDLERS, *_FROM_RANK, "SystemStats"})
 
 
 # torch.monitor exports the members at module level too. They come from the
@@ -102,6 +111,7 @@ __all__ = [
     "JsonlEventHandler",
     "OpenTelemetryEventHandler",
     "PrometheusEventHandler",
+    "RankInfo",
     "SignalFlush",
     "Stat",
     "SystemStats",
@@ -113,6 +123,7 @@ __all__ = [
     "flush",
     "flush_on_signals",
     "log_event",
+    "rank_info",
     "read_jsonl",
     "register_event_handler",
     "unregister_event_handler",
