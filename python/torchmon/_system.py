@@ -529,11 +529,18 @@ def _aggregations(name: str) -> tuple[Aggregation, ...]:
 
 
 def _visible_gpus(nvml: Any) -> list[tuple[int, Any]]:
-    """(CUDA ordinal, NVML handle) of each GPU this process sees: the ones
-    CUDA_VISIBLE_DEVICES names (indices or UUIDs), in its order, else all."""
+    """(CUDA ordinal, NVML handle) of each GPU of this rank: the ones
+    CUDA_VISIBLE_DEVICES names (indices or UUIDs), in its order; else, when
+    torchrun gave each rank of the node one GPU (as many ranks as GPUs),
+    GPU LOCAL_RANK, the one such a rank uses by convention; else all."""
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")
     if visible is None:
+        from ._rank import rank_info
+
         count = nvml.nvmlDeviceGetCount()
+        rank = rank_info()
+        if rank.local_world_size > 1 and rank.local_world_size == count:
+            return [(rank.local_rank, nvml.nvmlDeviceGetHandleByIndex(rank.local_rank))]
         return [(i, nvml.nvmlDeviceGetHandleByIndex(i)) for i in range(count)]
     found = []
     for ordinal, item in enumerate(x.strip() for x in visible.split(",")):

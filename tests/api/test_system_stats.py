@@ -397,7 +397,8 @@ def test_nvml_figures_per_gpu_in_otel_units(
 ) -> None:
     fake = _FakeNvml()
     monkeypatch.setitem(sys.modules, "pynvml", fake)
-    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    for variable in ("CUDA_VISIBLE_DEVICES", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "WORLD_SIZE"):
+        monkeypatch.delenv(variable, raising=False)
     caplog.set_level(logging.INFO, logger="torchmon")
     sampler = torchmon.SystemStats(HOUR, HOUR, gpu=True, io=False)
     try:
@@ -430,6 +431,28 @@ def test_cuda_visible_devices_picks_and_orders_the_gpus(monkeypatch: pytest.Monk
     # NVML's GPU 1 is this process's cuda:0.
     assert got["hw.gpu.0.utilization"] == 0.10
     assert not any(name.startswith("hw.gpu.1.") for name in got)
+
+
+def test_under_torchrun_with_a_gpu_per_rank_only_this_rank_gpu_is_sampled(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setitem(sys.modules, "pynvml", _FakeNvml())
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    for variable, value in {
+        "RANK": "3",
+        "LOCAL_RANK": "1",
+        "WORLD_SIZE": "4",
+        "LOCAL_WORLD_SIZE": "2",
+    }.items():
+        monkeypatch.setenv(variable, value)
+    sampler = torchmon.SystemStats(HOUR, HOUR, io=False)
+    try:
+        got = sampler.sample_now()
+    finally:
+        sampler.close()
+    # torchmon.rank_info(): local rank 1 of 2 on a node of 2 GPUs uses cuda:1.
+    assert got["hw.gpu.1.utilization"] == 0.10
+    assert not any(name.startswith("hw.gpu.0.") for name in got)
 
 
 def test_nvml_that_fails_to_start_means_no_gpu_figures_and_one_line(
