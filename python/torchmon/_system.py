@@ -67,6 +67,9 @@ class _ProcReader:
     def __init__(self) -> None:
         self._ticks = float(os.sysconf("SC_CLK_TCK"))
 
+    def after_fork(self) -> None:
+        pass  # /proc/self is the child's own
+
     def process_cpu_seconds(self) -> float:
         # times(2): the utime and stime that /proc/self/stat shows, in a
         # twentieth of the time a read of that file takes.
@@ -147,6 +150,10 @@ class _PsutilReader:
     def __init__(self, psutil: ModuleType) -> None:
         self._psutil = psutil
         self._process = psutil.Process()
+
+    def after_fork(self) -> None:
+        # A psutil.Process is bound to a pid: the parent's, in a forked child.
+        self._process = self._psutil.Process()
 
     def process_cpu_seconds(self) -> float:
         times = self._process.cpu_times()
@@ -604,6 +611,11 @@ def _after_fork_in_child() -> None:
         sampler._stop = threading.Event()
         sampler._pid = os.getpid()
         sampler._reset_baselines()
+        try:
+            sampler._reader.after_fork()
+        except Exception as exc:  # psutil cannot read this process: /proc can
+            sampler._failed("psutil in the forked child", exc)
+            sampler._reader = _ProcReader()
 
 
 def _close_all_at_exit() -> None:

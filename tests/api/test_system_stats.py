@@ -298,22 +298,33 @@ def test_the_running_sampler_window_is_emitted_at_exit(tmp_path: Path) -> None:
 
 
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
-def test_fork_stops_the_child_sampler_and_start_there_samples_the_child() -> None:
-    result = run_python(
-        """
+@pytest.mark.parametrize("source", ["psutil", "proc"])
+def test_fork_stops_the_child_sampler_and_start_there_samples_the_child(source: str) -> None:
+    code = """
         import json, os, sys, time, warnings
         warnings.simplefilter("ignore", DeprecationWarning)  # fork with threads
         import torchmon
-        sampler = torchmon.SystemStats(0.02, 3600.0, gpu=False, io=False).start()
+        sampler = torchmon.SystemStats(0.02, 3600.0, source=SOURCE, gpu=False, io=False)
+        sampler.start()
         sampler.sample_now()
         pid = os.fork()
         if pid == 0:
             state = {"running_after_fork": sampler.running}
             sampler.start()
             state["running_after_start"] = sampler.running
-            sampler.sample_now()
+            # The child's own memory, not the parent's: 200 MB more.
+            page = os.sysconf("SC_PAGE_SIZE")
+            buffer = bytearray(200 << 20)
+            buffer[::page] = b"\\x01" * ((200 << 20) // page)
             got = sampler.sample_now()
+            with open("/proc/self/status") as f:
+                vmrss = next(int(l.split()[1]) * 1024 for l in f if l.startswith("VmRSS:"))
+            parent = open(f"/proc/{os.getppid()}/status").read()
             state["child_rss"] = got["process.memory.usage"]
+            state["child_vmrss"] = vmrss
+            state["parent_vmrss"] = next(
+                int(l.split()[1]) * 1024 for l in parent.splitlines() if l.startswith("VmRSS:")
+            )
             sampler.close()
             state["closed"] = sampler.closed
             os.write(1, (json.dumps(state) + "\\n").encode())
@@ -322,12 +333,13 @@ def test_fork_stops_the_child_sampler_and_start_there_samples_the_child() -> Non
         print(json.dumps({"parent_running": sampler.running, "child_status": status}))
         sampler.close()
         """
-    )
+    result = run_python(code.replace("SOURCE", repr(source)))
     assert result.returncode == 0, result.stderr
     child, parent = (json.loads(line) for line in result.stdout.splitlines())
     assert child["running_after_fork"] is False
     assert child["running_after_start"] is True
-    assert child["child_rss"] > 10 * MB
+    assert child["child_rss"] == pytest.approx(child["child_vmrss"], abs=8 * MB)
+    assert child["child_rss"] > child["parent_vmrss"] + 150 * MB
     assert child["closed"] is True
     assert parent == {"parent_running": True, "child_status": 0}
 
