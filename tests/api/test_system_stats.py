@@ -297,6 +297,28 @@ def test_the_running_sampler_window_is_emitted_at_exit(tmp_path: Path) -> None:
     assert "system.cpu.utilization.mean" in data
 
 
+def test_at_exit_the_last_windows_come_before_any_atexit_handler(tmp_path: Path) -> None:
+    """A sink that an atexit handler closes (as tensorboardX's writers are)
+    has the sampler's last windows by then."""
+    out = tmp_path / "seen.json"
+    result = run_python(
+        f"""
+        import atexit, json, os, torchmon
+        seen = []
+        torchmon.register_event_handler(lambda event: seen.extend(event.data))
+        sampler = torchmon.SystemStats(3600.0, 3600.0, gpu=False, io=False).start()
+        atexit.register(lambda: open({str(out)!r}, "w").write(json.dumps(seen)))
+        start = os.times()
+        while os.times().user - start.user < 0.1:
+            pass
+        """
+    )
+    assert result.returncode == 0, result.stderr
+    seen = json.loads(out.read_text())
+    assert "process.cpu.utilization.mean" in seen
+    assert "process.memory.usage.value" in seen
+
+
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
 @pytest.mark.parametrize("source", ["psutil", "proc"])
 def test_fork_stops_the_child_sampler_and_start_there_samples_the_child(source: str) -> None:
