@@ -43,6 +43,10 @@ if TYPE_CHECKING:
     from .handlers.prometheus import PrometheusEventHandler
     from .handlers.tensorboard import TensorboardEventHandler
 
+# System stats (docs/guide.md, "System stats"): imported on first use too.
+if TYPE_CHECKING:
+    from ._system import SystemStats
+
 _FROM_HANDLERS = frozenset(
     (
         "JsonlEventHandler",
@@ -74,11 +78,17 @@ def __getattr__(name: str) -> object:
         from . import _rank
 
         return getattr(_rank, name)
+    if name == "SystemStats":  # system stats: logging and a sampler thread, on first use
+        from ._system import SystemStats
+
+        return SystemStats
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def __dir__() -> list[str]:
-    return sorted({*globals(), "handlers", "Distribution", *_FROM_HANDLERS, *_FROM_RANK})
+    return sorted(
+        {*globals(), "handlers", "Distribution", *_FROM_HANDLERS, *_FROM_RANK, "SystemStats"}
+    )
 
 
 # torch.monitor exports the members at module level too. They come from the
@@ -125,6 +135,7 @@ __all__ = [
     "RankInfo",
     "SignalFlush",
     "Stat",
+    "SystemStats",
     "TensorboardEventHandler",
     "WaitCounter",
     "_WaitCounter",

@@ -138,3 +138,33 @@ def test_the_tensorboard_extra_brings_the_server_and_the_writer() -> None:
     names = {re.split(r"[<>=!~\[; ]", req, maxsplit=1)[0].lower() for req in extras["tensorboard"]}
     assert {"tensorboard", "tensorboardx"} <= names
     assert '.venv/bin/pip install ".[tensorboard]" && .venv/bin/torchmon demo' in readme.read_text()
+
+
+def test_the_demo_shows_the_system_stats_beside_the_training_metrics(tmp_path: Path) -> None:
+    """docs/guide.md, "System stats": the demo samples the process and the
+    host for its duration, into the same windows and files as its Stats."""
+    result = subprocess.run(
+        [sys.executable, "-m", "torchmon", "demo", "--epochs", "2", "--steps", "300"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stderr
+    rows = {tuple(line.split()[:2]) for line in result.stdout.splitlines() if line.strip()}
+    assert ("train.loss", "mean") in rows
+    for row in (
+        ("process.cpu.utilization", "mean"),
+        ("process.memory.usage", "value"),
+        ("process.thread.count", "value"),
+        ("system.cpu.utilization", "mean"),
+        ("system.memory.utilization", "mean"),
+    ):
+        assert row in rows, result.stdout
+    (events_file,) = tmp_path.glob("torchmon-demo-*/events.jsonl")
+    data: dict[str, float] = {}
+    for event in read_jsonl(str(events_file)):
+        data.update({k: v for k, v in event.data.items() if isinstance(v, float)})
+    # The demo process really is this big and this busy (a fraction of the CPUs).
+    assert data["process.memory.usage.max"] > 10 * 2**20
+    assert 0.0 < data["process.cpu.utilization.max"] <= 1.0

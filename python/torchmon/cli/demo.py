@@ -135,7 +135,8 @@ def run(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
         # Unregistered first (the stack runs backwards), then the sinks close.
         cleanup.callback(_unregister_all, handles)
         try:
-            _training_loop(args, out, err)
+            with _system_stats():
+                _training_loop(args, out, err)
         except KeyboardInterrupt:
             interrupted = True
 
@@ -215,6 +216,16 @@ def _print_next_steps(
         f"Summarize the log again:\n  {torchmon} summarize {_shown_path(jsonl_path)}",
         file=out,
     )
+
+
+def _system_stats() -> Any:
+    """The process's and the host's CPU and memory beside the training
+    metrics, in the same 1-second windows, sampled 4 times a second
+    (docs/guide.md, "System stats"); closed, its last windows emitted,
+    before the sinks are unregistered."""
+    from .._system import SystemStats
+
+    return SystemStats(interval=0.25, window_size=timedelta(seconds=1), io=False)
 
 
 def _training_loop(args: argparse.Namespace, out: TextIO, err: TextIO) -> None:
