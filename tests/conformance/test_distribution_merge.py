@@ -127,6 +127,36 @@ def test_merge_is_order_independent(chunks: list[list[float]], rnd: Any) -> None
         assert same(forward.quantile(q), shuffled.quantile(q))
 
 
+@given(
+    sample_batches(),
+    st.lists(st.floats(min_value=0.0, max_value=1.0), max_size=5),
+)
+def test_quantile_is_the_models_documented_estimate(
+    batch: tuple[str, int, list[float]], qs: list[float]
+) -> None:
+    """torchmon.Distribution built from the model's exact buckets estimates
+    every quantile as the model does, bit for bit (ranks from the decimal q)."""
+    samples = batch[2]
+    window = model._Window()
+    for x in samples:
+        window.fold(x)
+    want = window.distribution()
+    d = torchmon.Distribution(
+        count=want.count,
+        sum=want.sum,
+        min=want.min,
+        max=want.max,
+        zero_count=want.zero_count,
+        nan_count=want.nan_count,
+        positive_inf_count=want.positive_inf_count,
+        negative_inf_count=want.negative_inf_count,
+        positive=want.positive,
+        negative=want.negative,
+    )
+    for q in [*QUANTILES, *qs]:
+        assert same(d.quantile(q), want.quantile(q)), q
+
+
 def test_window_quantile_method_gives_the_events_values() -> None:
     events: list[torchmon.Event] = []
     handle = torchmon.register_event_handler(events.append)
