@@ -59,6 +59,10 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(_live_stat_count, m)?)?;
     m.add_function(wrap_pyfunction!(_flush_stats_now, m)?)?;
     m.add("STAT_EVENT", crate::py_stat::STAT_EVENT)?;
+    m.add(
+        "_BUCKET_MIDPOINTS",
+        pyo3::types::PyTuple::new(m.py(), torchmon_core::histogram::MIDPOINTS)?,
+    )?;
     // The version is kept in one place, the workspace's Cargo.toml: maturin
     // gives it to the wheel, and `torchmon.__version__` reads it from here
     // (an attribute, not an `__all__` entry).

@@ -26,6 +26,9 @@ pub struct Event {
     name: GilCell<Py<PyString>>,
     timestamp: GilCell<Py<PyAny>>,
     data: GilCell<Py<PyDict>>,
+    /// The window's `torchmon.Distribution` for a Stat window event of a
+    /// Stat with a P aggregation (docs/api.md); never in `data`.
+    distribution: Option<Py<PyAny>>,
 }
 
 pub fn mapping_abc(py: Python<'_>) -> PyResult<&Bound<'_, PyType>> {
@@ -118,11 +121,17 @@ pub fn event_data<'py>(value: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyDict>
 
 impl Event {
     /// An Event from already-validated parts (Stat events).
-    pub fn from_parts(name: Py<PyString>, timestamp: Py<PyAny>, data: Py<PyDict>) -> Self {
+    pub fn from_parts(
+        name: Py<PyString>,
+        timestamp: Py<PyAny>,
+        data: Py<PyDict>,
+        distribution: Option<Py<PyAny>>,
+    ) -> Self {
         Event {
             name: GilCell::new(name),
             timestamp: GilCell::new(timestamp),
             data: GilCell::new(data),
+            distribution,
         }
     }
 
@@ -130,7 +139,12 @@ impl Event {
     /// rather than change them, and the dict is never handed out, so later
     /// changes to one never show in the other.
     pub fn snapshot(&self, py: Python<'_>) -> Self {
-        Event::from_parts(self.name_ref(py), self.timestamp_ref(py), self.data_ref(py))
+        Event::from_parts(
+            self.name_ref(py),
+            self.timestamp_ref(py),
+            self.data_ref(py),
+            self.distribution.as_ref().map(|d| d.clone_ref(py)),
+        )
     }
 
     fn name_ref(&self, py: Python<'_>) -> Py<PyString> {
@@ -162,6 +176,7 @@ impl Event {
             name.unbind(),
             timestamp.unbind(),
             data.unbind(),
+            None,
         ))
     }
 
@@ -203,6 +218,13 @@ impl Event {
         let old = self.data.replace(value.py(), data);
         drop(old);
         Ok(())
+    }
+
+    /// The window's histogram (a `torchmon.Distribution`) when this is the
+    /// window event of a Stat with a P aggregation, else None. Read-only.
+    #[getter]
+    fn distribution(&self, py: Python<'_>) -> Option<Py<PyAny>> {
+        self.distribution.as_ref().map(|d| d.clone_ref(py))
     }
 
     fn __repr__(&self, py: Python<'_>) -> PyResult<String> {

@@ -5,7 +5,9 @@ use pyo3::buffer::{Element, ElementType, PyUntypedBuffer};
 use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
-use pyo3::types::{PyBool, PyDelta, PyDeltaAccess, PyDict, PyFloat, PyInt, PyList, PyString};
+use pyo3::types::{
+    PyBool, PyDelta, PyDeltaAccess, PyDict, PyFloat, PyInt, PyList, PyString, PyTuple,
+};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, LazyLock, Weak};
@@ -17,6 +19,7 @@ use crate::py_convert::{
 use crate::py_event::Event;
 use crate::py_registry::{Failures, current_handlers, dispatch};
 use torchmon_core::aggregation::Aggregation;
+use torchmon_core::histogram::Distribution;
 use torchmon_core::stat::{Closed, Stat as CoreStat, WindowStats};
 
 pub const STAT_EVENT: &str = "torch.monitor.Stat";
@@ -59,16 +62,22 @@ impl StatShared {
         for output in &self.outputs {
             data.set_item(output.key.bind(py), window.get(output.aggregation))?;
         }
+        let distribution = match &window.distribution {
+            Some(d) => Some(distribution_object(py, d)?),
+            None => None,
+        };
         let timestamp = datetime_now(py)?.unbind();
         let name = stat_event_name(py).clone().unbind();
         let data = data.unbind();
         // Each handler gets its own Event (renaming one must not affect the
         // next). They may share the dict: an Event never hands it out.
         dispatch(py, &handlers, |_| {
+            // The Distribution is immutable: every handler's Event shares it.
             let event = Event::from_parts(
                 name.clone_ref(py),
                 timestamp.clone_ref(py),
                 data.clone_ref(py),
+                distribution.as_ref().map(|d| d.clone_ref(py)),
             );
             Ok(Bound::new(py, event)?.into_any())
         })
@@ -101,6 +110,37 @@ impl StatShared {
             err.write_unraisable(py, Some(context.as_any()));
         }
     }
+}
+
+/// The `torchmon.Distribution` of a window (its `_from_core`, imported on
+/// first use: `import torchmon` does not load the module).
+fn distribution_object(py: Python<'_>, d: &Distribution) -> PyResult<Py<PyAny>> {
+    static FROM_CORE: PyOnceLock<Py<PyAny>> = PyOnceLock::new();
+    let from_core = FROM_CORE.get_or_try_init(py, || {
+        py.import("torchmon._distribution")?
+            .getattr("Distribution")?
+            .getattr("_from_core")
+            .map(Bound::unbind)
+    })?;
+    let b = &d.buckets;
+    let positive = PyTuple::new(py, &b.positive)?;
+    let negative = PyTuple::new(py, &b.negative)?;
+    let args = PyTuple::new(
+        py,
+        [
+            d.count.into_pyobject(py)?.into_any(),
+            PyFloat::new(py, d.sum).into_any(),
+            PyFloat::new(py, d.min).into_any(),
+            PyFloat::new(py, d.max).into_any(),
+            b.zero_count.into_pyobject(py)?.into_any(),
+            b.nan_count.into_pyobject(py)?.into_any(),
+            b.positive_inf_count.into_pyobject(py)?.into_any(),
+            b.negative_inf_count.into_pyobject(py)?.into_any(),
+            positive.into_any(),
+            negative.into_any(),
+        ],
+    )?;
+    Ok(from_core.bind(py).call1(args)?.unbind())
 }
 
 /// Windowed aggregation of float samples; each closed window is logged as

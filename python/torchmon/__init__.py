@@ -82,6 +82,12 @@ if TYPE_CHECKING:
     SUM = Aggregation.SUM
     MAX = Aggregation.MAX
     MIN = Aggregation.MIN
+    STDDEV = Aggregation.STDDEV
+    P50 = Aggregation.P50
+    P90 = Aggregation.P90
+    P95 = Aggregation.P95
+    P99 = Aggregation.P99
+    P999 = Aggregation.P999
 else:
     globals().update(Aggregation.__members__)
 
@@ -90,7 +96,13 @@ __all__ = [
     "MAX",
     "MEAN",
     "MIN",
+    "P50",
+    "P90",
+    "P95",
+    "P99",
+    "P999",
     "STAT_EVENT",
+    "STDDEV",
     "SUM",
     "VALUE",
     "Aggregation",

@@ -7,6 +7,8 @@ from typing import ClassVar, Literal, TypeAlias, final
 
 from typing_extensions import Buffer
 
+from torchmon._distribution import Distribution
+
 _Text: TypeAlias = str | bytes | bytearray
 _DataValue: TypeAlias = str | int | float | bool
 _InValue: TypeAlias = _DataValue | bytes | bytearray
@@ -20,6 +22,7 @@ __version__: str
 __all__ = [
     "STAT_EVENT",
     "_AGGREGATION_KEY_SUFFIXES",
+    "_BUCKET_MIDPOINTS",
     "Aggregation",
     "AsyncEventHandler",
     "Event",
@@ -47,6 +50,9 @@ STAT_EVENT: str
 # The suffixes of a Stat event's keys ("<stat name>.<suffix>"), in the order
 # of Aggregation.__members__.
 _AGGREGATION_KEY_SUFFIXES: tuple[str, ...]
+#: 2 ** ((j + 0.5) / 64) for j in 0..63, the doubles the P aggregations
+#: scale to report a bucket (docs/api.md).
+_BUCKET_MIDPOINTS: tuple[float, ...]
 
 @final
 class Aggregation:
@@ -56,6 +62,12 @@ class Aggregation:
     SUM: ClassVar[Aggregation]
     MAX: ClassVar[Aggregation]
     MIN: ClassVar[Aggregation]
+    STDDEV: ClassVar[Aggregation]
+    P50: ClassVar[Aggregation]
+    P90: ClassVar[Aggregation]
+    P95: ClassVar[Aggregation]
+    P99: ClassVar[Aggregation]
+    P999: ClassVar[Aggregation]
     __members__: ClassVar[MappingProxyType[str, Aggregation]]
     def __new__(cls, value: int | Aggregation) -> Aggregation: ...
     @property
@@ -106,6 +118,8 @@ class Event:
     def data(self) -> dict[str, _DataValue]: ...
     @data.setter
     def data(self, value: _EventData) -> None: ...
+    @property
+    def distribution(self) -> Distribution | None: ...
     def __reduce__(
         self,
     ) -> tuple[type[Event], tuple[str, datetime, dict[str, _DataValue]]]: ...
