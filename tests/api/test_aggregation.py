@@ -13,8 +13,11 @@ import pytest
 import torchmon
 from torchmon import Aggregation, _core
 
-# The C++ enum's values (docs/api.md, "Aggregation").
-EXPECTED_VALUES = {"VALUE": 1, "MEAN": 2, "COUNT": 3, "SUM": 4, "MAX": 5, "MIN": 6}
+# The C++ enum's values (docs/api.md, "Aggregation"), then torchmon's
+# extensions (docs/compatibility.md).
+TORCH_VALUES = {"VALUE": 1, "MEAN": 2, "COUNT": 3, "SUM": 4, "MAX": 5, "MIN": 6}
+EXTENSION_VALUES = {"STDDEV": 7, "P50": 8, "P90": 9, "P95": 10, "P99": 11, "P999": 12}
+EXPECTED_VALUES = {**TORCH_VALUES, **EXTENSION_VALUES}
 ALL_NAMES = sorted(EXPECTED_VALUES, key=EXPECTED_VALUES.__getitem__)
 
 
@@ -41,7 +44,7 @@ def test_value_is_one_not_zero() -> None:
 
 def test_members_are_distinct() -> None:
     members = [getattr(Aggregation, name) for name in ALL_NAMES]
-    assert len(set(members)) == 6
+    assert len(set(members)) == 12
     for i, a in enumerate(members):
         for j, b in enumerate(members):
             assert (a == b) is (i == j)
@@ -72,7 +75,14 @@ def test_aggregation_two_is_mean() -> None:
     assert Aggregation(2) is Aggregation.MEAN
 
 
-@pytest.mark.parametrize("bad", [7, -1, 0, 100, 2**70])
+def test_the_torch_members_keep_their_values_and_come_first() -> None:
+    assert ALL_NAMES[:6] == list(TORCH_VALUES)
+    assert ALL_NAMES[6:] == ["STDDEV", "P50", "P90", "P95", "P99", "P999"]
+    assert Aggregation(7) is Aggregation.STDDEV
+    assert Aggregation(12) is Aggregation.P999
+
+
+@pytest.mark.parametrize("bad", [13, -1, 0, 100, 2**70])
 def test_lookup_by_invalid_int_raises_value_error(bad: int) -> None:
     with pytest.raises(ValueError):
         Aggregation(bad)
@@ -98,7 +108,7 @@ def test_copy_and_deepcopy_give_the_identical_member() -> None:
 
 def test_members_are_hashable_and_usable_as_dict_keys() -> None:
     table = {getattr(Aggregation, name): name.lower() for name in ALL_NAMES}
-    assert len(table) == 6
+    assert len(table) == 12
     assert table[Aggregation.SUM] == "sum"
     assert table[Aggregation(3)] == "count"
     assert hash(Aggregation.MEAN) == hash(Aggregation(2))
@@ -151,8 +161,8 @@ def test_members_mapping_is_read_only() -> None:
 
 def test_invalid_value_message_gives_the_valid_range() -> None:
     with pytest.raises(ValueError) as info:
-        Aggregation(7)
-    assert str(info.value) == "7 is not a valid Aggregation (valid values: 1 to 6)"
+        Aggregation(13)
+    assert str(info.value) == "13 is not a valid Aggregation (valid values: 1 to 12)"
 
 
 def test_every_member_has_a_module_alias_exported_by_star_import() -> None:

@@ -126,11 +126,6 @@ def test_empty_window_get_is_zero() -> None:
     assert all(type(v) is float for v in values.values())
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="the shifted sums' S1*S1 overflows while S2 does not: var = max(0, -inf) gives "
-    "0.0 where docs/api.md says inf or NaN (the exact value is 3.77e153)",
-)
 def test_stddev_whose_s1_squared_overflows_is_not_zero() -> None:
     samples = [0.0, 8e153, 8e153]
     got = window_values(samples)["s.stddev"]

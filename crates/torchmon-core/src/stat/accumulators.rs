@@ -335,7 +335,9 @@ fn stddev(count: u64, s1: f64, s2: f64) -> f64 {
         return 0.0;
     }
     let n = count as f64;
-    let variance = (s2 - s1 * s1 / n) / n;
+    // `s1 * (s1 / n)`, not `s1 * s1 / n`: s1^2/n <= s2, so it overflows only
+    // when s2 does, where s1 * s1 alone overflows for deviations ~1e154.
+    let variance = (s2 - s1 * (s1 / n)) / n;
     if variance.is_nan() {
         f64::NAN
     } else {

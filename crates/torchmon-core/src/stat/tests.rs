@@ -484,6 +484,15 @@ fn stddev_is_the_population_one_from_shifted_sums() {
     assert!(windows(stat.add_at(f64::NAN, 2 * HOUR))[0].stddev.is_nan());
     assert!(windows(stat.add_at(1.0, 3 * HOUR))[0].stddev.is_nan());
     assert_eq!(WindowStats::EMPTY.get(Stddev), 0.0);
+    // Deviations whose S1 squared overflows while S2 does not: the exact
+    // value, 8e153 * sqrt(2) / 3, not 0.
+    let stat = Stat::new(&[Stddev], HOUR, i64::MAX);
+    for v in [0.0, 8e153, 8e153] {
+        stat.add_at(v, 0);
+    }
+    let got = windows(stat.add_at(0.0, HOUR))[0].stddev;
+    let exact = 8e153 * 2f64.sqrt() / 3.0;
+    assert!((got - exact).abs() <= exact * 1e-12, "{got:e}");
 }
 
 #[test]
