@@ -583,15 +583,16 @@ def test_difference_timestamp_outside_1677_2262():
 
 
 def test_difference_aggregation_out_of_range():
-    """torch creates Aggregation(7) (a Stat using it raises IndexError); torchmon
-    raises ValueError."""
+    """torch creates Aggregation(7) (a Stat using it raises IndexError); torchmon's
+    7 is its STDDEV extension, and past 12 it raises ValueError."""
     tm = _torch_monitor()
     a7 = tm.Aggregation(7)
     with pytest.raises(IndexError):
         tm.Stat("x", [a7], W)
     gc.collect()
+    assert monitor.Aggregation(7) is monitor.Aggregation.STDDEV
     with pytest.raises(ValueError):
-        monitor.Aggregation(7)
+        monitor.Aggregation(13)
 
 
 def test_difference_raising_handler():
