@@ -37,6 +37,7 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from . import handlers as handlers
     from ._distribution import Distribution
+    from ._rank import RankInfo, rank_info
     from .handlers.jsonl import JsonlEventHandler, read_jsonl
     from .handlers.otel import OpenTelemetryEventHandler
     from .handlers.prometheus import PrometheusEventHandler
@@ -53,6 +54,10 @@ _FROM_HANDLERS = frozenset(
 )
 
 
+# Multi-node helpers (docs/api.md, "`rank_info` and the per-rank sinks"), also loaded on first use.
+_FROM_RANK = frozenset(("RankInfo", "rank_info"))
+
+
 def __getattr__(name: str) -> object:
     if name == "handlers" or name in _FROM_HANDLERS:
         # Not `from . import handlers`: that looks the attribute up first, here.
@@ -65,11 +70,15 @@ def __getattr__(name: str) -> object:
         from ._distribution import Distribution
 
         return Distribution
+    if name in _FROM_RANK:
+        from . import _rank
+
+        return getattr(_rank, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def __dir__() -> list[str]:
-    return sorted({*globals(), "handlers", "Distribution", *_FROM_HANDLERS})
+    return sorted({*globals(), "handlers", "Distribution", *_FROM_HANDLERS, *_FROM_RANK})
 
 
 # torch.monitor exports the members at module level too. They come from the
@@ -113,6 +122,7 @@ __all__ = [
     "JsonlEventHandler",
     "OpenTelemetryEventHandler",
     "PrometheusEventHandler",
+    "RankInfo",
     "SignalFlush",
     "Stat",
     "TensorboardEventHandler",
@@ -123,6 +133,7 @@ __all__ = [
     "flush",
     "flush_on_signals",
     "log_event",
+    "rank_info",
     "read_jsonl",
     "register_event_handler",
     "unregister_event_handler",

@@ -332,3 +332,40 @@ def test_representatives_lie_in_their_buckets_and_round_once() -> None:
         x = struct.unpack("<d", struct.pack("<Q", bits))[0]
         if x != 0 and math.isfinite(x):
             assert bucket_index(x) == oracle_index(x), x
+
+
+def test_the_native_midpoints_are_this_table() -> None:
+    from torchmon import _core
+    from torchmon._distribution import BUCKET_MIDPOINTS
+
+    assert tuple(_core._BUCKET_MIDPOINTS) == BUCKET_MIDPOINTS
+
+
+def test_a_stat_window_quantile_equals_the_distributions() -> None:
+    import random
+
+    from torchmon.testing import ManualClock
+
+    seen: list[torchmon.Event] = []
+    rng = random.Random(2)
+    samples = [rng.lognormvariate(0.0, 3.0) * rng.choice((-1, 1)) for _ in range(2000)]
+    samples += [0.0, -0.0, math.inf, math.nan, 5e-324]
+    handle = torchmon.register_event_handler(seen.append)
+    try:
+        with ManualClock(0) as clock:
+            aggregations = [torchmon.P50, torchmon.P90, torchmon.P95, torchmon.P99, torchmon.P999]
+            stat = torchmon.Stat("dist.exact", aggregations, 1.0)
+            for x in samples:
+                stat.add(x)
+            clock.advance(1000)
+            torchmon.flush()
+    finally:
+        torchmon.unregister_event_handler(handle)
+    (event,) = [e for e in seen if "dist.exact.p50" in e.data]
+    d = event.distribution
+    assert d is not None and d.count == len(samples)
+    for suffix, q in (("p50", 0.5), ("p90", 0.9), ("p95", 0.95), ("p99", 0.99), ("p999", 0.999)):
+        assert d.quantile(q) == event.data[f"dist.exact.{suffix}"]
+    expected = from_samples(samples)
+    assert (d.positive, d.negative) == (expected.positive, expected.negative)
+    assert (d.zero_count, d.nan_count, d.positive_inf_count) == (2, 1, 1)

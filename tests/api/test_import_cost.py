@@ -13,6 +13,8 @@ from support import run_python
 _DEFERRED = (
     "inspect",
     "re",
+    "socket",
+    "torchmon._rank",
     "torchmon.handlers",
     "traceback",
     "typing",

@@ -21,10 +21,6 @@ from torchmon import Aggregation, Distribution, JsonlEventHandler, Stat, read_js
 from torchmon.cli import main
 from torchmon.testing import ManualClock
 
-# Until the native P aggregations are merged into this branch.
-if not hasattr(Aggregation, "P99"):
-    pytest.skip("no P aggregations in this build", allow_module_level=True)
-
 P_AGGREGATIONS = [Aggregation.P50, Aggregation.P90, Aggregation.P99, Aggregation.P999]
 
 
@@ -139,3 +135,18 @@ def test_jsonl_and_summarize_merge_real_windows_of_two_ranks(tmp_path: Path, cap
         exact = exact_quantile(q, every)
         # the bucket's representative (0.55%), printed with 6 digits
         assert abs(float(shown) - exact) <= (0.0055 + 1e-5) * exact
+
+
+def test_through_an_async_handler_the_distribution_reaches_the_file(tmp_path: Path) -> None:
+    windows = lognormal_windows(3, count=2, size=50)
+    path = tmp_path / "events.jsonl"
+    with JsonlEventHandler(path, distributions=True) as sink:
+        with torchmon.AsyncEventHandler(sink) as queued:
+            with ManualClock(0) as clock, registered(queued):
+                stat = Stat("e2e.async", [Aggregation.P50], 1.0)
+                run_windows(stat, clock, windows)
+            assert queued.flush(timeout=30)
+    stored = [d for e, d in read_jsonl(path, distributions=True) if "e2e.async.p50" in e.data]
+    assert [d.positive for d in stored if d is not None] == [
+        from_samples(samples).positive for samples in windows
+    ]

@@ -205,6 +205,27 @@ class JsonlEventHandler(ClosesOnExit):
         # None while closed, or after reopening the file failed (rotation).
         self._file: BinaryIO | None = self._open()
 
+    @classmethod
+    def for_rank(
+        cls,
+        directory: str | os.PathLike[str] = ".",
+        name: str = "events-rank{rank}.jsonl",
+        **handler_options: Any,
+    ) -> JsonlEventHandler:
+        """A handler writing to this rank's own file: ``directory`` joined with
+        ``torchmon.rank_info().format(name)`` (``events-rank3.jsonl`` for
+        ``RANK=3``; ``name`` may use every field of ``RankInfo`` and
+        ``node``). ``handler_options`` are the constructor's
+        (docs/guide.md, "Multi-node setups")."""
+        from .._rank import rank_info
+
+        folder = _path_arg(directory, "JsonlEventHandler.for_rank(directory)")
+        if not isinstance(name, str):
+            raise TypeError(
+                f"JsonlEventHandler.for_rank(name): must be a str, not {type(name).__name__}"
+            )
+        return cls(os.path.join(folder, rank_info().format(name)), **handler_options)
+
     @property
     def path(self) -> str:
         """The path of the file being written."""

@@ -7,6 +7,7 @@ and the windows' distributions cumulative histograms.
 
 from __future__ import annotations
 
+import errno
 import math
 import re
 from collections.abc import Mapping
@@ -17,6 +18,9 @@ from .._forksafe import new_lock
 from ._common import ClosesOnExit, check_mapping, require, set_numeric_values, stat_description
 
 if TYPE_CHECKING:
+    import threading
+    from wsgiref.simple_server import WSGIServer
+
     from prometheus_client import CollectorRegistry, Gauge
 
     from .._distribution import Distribution
@@ -105,6 +109,7 @@ class PrometheusEventHandler(ClosesOnExit):
         "_per_octave",
         "_prefix",
         "_registry",
+        "_server",
         "_sources",
     )
 
@@ -152,11 +157,90 @@ class PrometheusEventHandler(ClosesOnExit):
         self._sources: dict[str, str] = {}  # metric name -> the data key it was made for
         self._lock = new_lock()
         self._closed = False
+        self._server: tuple[WSGIServer, threading.Thread] | None = None  # set by serve()
 
     @property
     def registry(self) -> CollectorRegistry:
         """The registry the gauges are in."""
         return self._registry
+
+    @classmethod
+    def serve(
+        cls, port_base: int = 9400, host: str = "127.0.0.1", **handler_options: Any
+    ) -> PrometheusEventHandler:
+        """A handler that already serves its registry over HTTP (``/metrics``)
+        on ``host``, port ``port_base + LOCAL_RANK``: one call per rank of a
+        torchrun job (docs/guide.md, "Multi-node setups").
+
+        ``handler_options`` are the constructor's: ``registry`` defaults to a
+        new ``CollectorRegistry`` of this handler's own (not the global
+        one), ``labels`` to ``torchmon.rank_info().labels()`` (``rank``,
+        ``local_rank``, ``node``, ``job``); labels given replace those.
+        ``port_base=0`` serves on a free port. ``.port`` is the port served;
+        ``close()`` also stops the server and frees the port. A port that is
+        taken raises ``OSError`` (``errno.EADDRINUSE``) naming it.
+        """
+        import prometheus_client
+
+        from .._rank import rank_info
+
+        if isinstance(port_base, bool) or not isinstance(port_base, int):
+            raise TypeError(
+                "PrometheusEventHandler.serve(port_base): must be an int, "
+                f"not {type(port_base).__name__}"
+            )
+        if not isinstance(host, str):
+            raise TypeError(
+                f"PrometheusEventHandler.serve(host): must be a str, not {type(host).__name__}"
+            )
+        info = rank_info()
+        port = port_base + info.local_rank if port_base else 0
+        if not 0 <= port_base <= port <= 65535:
+            raise ValueError(
+                f"PrometheusEventHandler.serve(port_base): {port_base} + LOCAL_RANK "
+                f"{info.local_rank} = {port} is not a port in [0, 65535]"
+            )
+        options = dict(handler_options)
+        if options.get("registry") is None:
+            options["registry"] = prometheus_client.CollectorRegistry()
+        if "labels" not in options:
+            options["labels"] = info.labels()
+        handler = cls(**options)
+        try:
+            # A (server, thread) pair since prometheus_client 0.17, the
+            # version pyproject.toml requires.
+            server = prometheus_client.start_http_server(port, addr=host, registry=handler.registry)
+        except OSError as exc:
+            handler.close()
+            if exc.errno == errno.EADDRINUSE:
+                raise OSError(
+                    errno.EADDRINUSE,
+                    f"PrometheusEventHandler.serve: port {port} on {host} is already in use "
+                    f"(port_base {port_base} + LOCAL_RANK {info.local_rank})",
+                ) from None
+            raise OSError(
+                exc.errno,
+                f"PrometheusEventHandler.serve: cannot serve on {host} port {port}: "
+                f"{exc.strerror or exc}",
+            ) from None
+        handler._server = server
+        return handler
+
+    @property
+    def port(self) -> int | None:
+        """The port ``serve()`` serves on (``None`` for a handler made by the
+        constructor, or once closed)."""
+        server = self._server
+        return None if server is None else int(server[0].server_port)
+
+    def _stop_server(self) -> None:
+        with self._lock:
+            server, self._server = self._server, None
+        if server is not None:
+            httpd, thread = server
+            httpd.shutdown()
+            httpd.server_close()
+            thread.join(timeout=10)
 
     def _gauge(self, key: str) -> Gauge:
         """The (labelled) gauge for a data key, created on first sight; called with
@@ -253,9 +337,12 @@ class PrometheusEventHandler(ClosesOnExit):
             self._sources.clear()
         for gauge in gauges:
             self._registry.unregister(gauge)
+        self._stop_server()
 
     def __repr__(self) -> str:
         state = ", closed" if self._closed else ""
+        if self._server is not None:
+            state += f", serving on port {self.port}"
         return (
             f"PrometheusEventHandler(prefix={self._prefix!r}, labels={self._labels!r}, "
             f"{len(self._gauges)} gauges, {len(self._histograms)} histograms{state})"
