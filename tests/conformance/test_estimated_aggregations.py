@@ -127,6 +127,15 @@ def test_empty_window_get_is_zero() -> None:
 
 
 def test_stddev_whose_s1_squared_overflows_is_not_zero() -> None:
+    """S1 * S1 would overflow here while S2 does not: the result must still
+    be the standard deviation (3.77e153), not the 0.0 of max(0, -inf)."""
     samples = [0.0, 8e153, 8e153]
     got = window_values(samples)["s.stddev"]
     assert got != 0.0
+    check_against_model(samples)
+
+
+def test_stddev_whose_squared_deviations_overflow_is_inf_or_nan() -> None:
+    samples = [1.7976931348623157e308, -1.7976931348623157e308, 1.0]
+    got = window_values(samples)["s.stddev"]
+    assert math.isnan(got) or got == INF

@@ -27,7 +27,7 @@ def shifted_sums_stddev(samples: list[float]) -> float:
         d = x - k
         s1 += d
         s2 += d * d
-    var = (s2 - s1 * s1 / n) / n
+    var = (s2 - s1 * (s1 / n)) / n
     if var < 0.0:  # NaN (inf - inf, when the sums overflow) stays NaN
         var = 0.0
     return math.sqrt(var)

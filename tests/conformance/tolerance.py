@@ -55,7 +55,7 @@ def stddev_within_error(got: float, samples: tuple[float, ...]) -> bool:
     shifted sample is then 0), NaN for a NaN or infinite sample.
 
     Otherwise torchmon computes, with K the window's first sample,
-    d = x - K, S1 = sum(d), S2 = sum(d*d), var = max(0, (S2 - S1*S1/n)/n)
+    d = x - K, S1 = sum(d), S2 = sum(d*d), var = max(0, (S2 - S1*(S1/n))/n)
     and sqrt. Rounding analysis of those steps (|d_i| rounded once, the
     sums recursively, S1**2 <= n*S2 by Cauchy-Schwarz) bounds the error of
     got**2 against the exact variance V by (3n + 9) u M2, u = 2**-53, where
@@ -65,9 +65,10 @@ def stddev_within_error(got: float, samples: tuple[float, ...]) -> bool:
     the shift is meant to make it, and still valid for any other summation
     order of the same sums. V and M2 are exact rationals.
 
-    Where n * sum(d**2) exceeds the double range the sums overflow in IEEE
+    Where sum(d**2) exceeds the double range S2 overflows in IEEE
     arithmetic; docs/api.md says the result is then inf or NaN, which is
-    accepted, as is a value within the bound.
+    accepted, as is a value within the bound. (S1*(S1/n) <= S2 overflows
+    only with S2.)
     """
     n = len(samples)
     if n == 0:
@@ -80,8 +81,8 @@ def stddev_within_error(got: float, samples: tuple[float, ...]) -> bool:
     k = units[0]
     shifted_squares = sum((a - k) ** 2 for a in units)  # n * M2
     spread = n * sum(a * a for a in units) - sum(units) ** 2  # n**2 * V
-    # n * sum(d**2) bounds S1**2 and S2; the margin covers their rounding.
-    overflows = n * shifted_squares * _UNIT**2 * (1 + Fraction(1, 2**30)) >= _DBL_MAX
+    # sum(d**2) bounds S2 and S1*(S1/n); the margin covers their rounding.
+    overflows = shifted_squares * _UNIT**2 * (1 + Fraction(1, 2**30)) >= _DBL_MAX
     if math.isnan(got) or math.isinf(got):
         return overflows and not got < 0
     if got < 0:
