@@ -204,11 +204,21 @@ def _check_buckets(buckets: object, name: str) -> tuple[tuple[int, int], ...]:
     return tuple(checked)
 
 
-def _combine_extreme(a: float, b: float, pick: Any) -> float:
-    if math.isnan(a):
+def _combine_extreme(a: float, a_known: int, b: float, b_known: int, pick: Any) -> float:
+    """`pick` of two windows' extremes, where `a_known`/`b_known` count the
+    windows' non-NaN samples. A side without any adds no extreme; a NaN one
+    of a side with some (its first sample was NaN: torch's MIN/MAX rule)
+    leaves the extreme unknown, NaN, so that the quantile rules do not
+    trust the other side's as exact (docs/api.md, Distribution.merge)."""
+    if not a_known and not b_known:
+        # No non-NaN sample at all: NaN as a window of only NaNs, else empty.
+        return math.nan if math.isnan(a) or math.isnan(b) else a
+    if not a_known:
         return b
-    if math.isnan(b):
+    if not b_known:
         return a
+    if math.isnan(a) or math.isnan(b):
+        return math.nan
     return pick(a, b)  # type: ignore[no-any-return]
 
 
@@ -464,8 +474,10 @@ class Distribution:
 
     def merge(self, other: Distribution) -> Distribution:
         """The distribution of both windows' samples: counts added bucket by
-        bucket, ``count`` and ``sum`` added, ``min``/``max`` combined (a NaN
-        one is ignored unless both are NaN). Both must have the same scale
+        bucket, ``count`` and ``sum`` added, ``min``/``max`` combined: a window
+        without non-NaN samples adds none, and a NaN one of a window with
+        some (its first sample was NaN) makes the merged one NaN, unknown, so
+        that quantiles are estimated unclamped. Both must have the same scale
         (every Distribution is scale 6 today; no downscaling is done)."""
         if not isinstance(other, Distribution):
             raise TypeError(
@@ -476,14 +488,16 @@ class Distribution:
             raise ValueError(
                 f"Distribution.merge(other): other has scale {other._scale}, this one {self._scale}"
             )
+        known = self._count - self._nan_count
+        other_known = other._count - other._nan_count
         result = object.__new__(Distribution)
         _set(
             result,
             self._scale,
             self._count + other._count,
             self._sum + other._sum,
-            _combine_extreme(self._min, other._min, builtin_min),
-            _combine_extreme(self._max, other._max, builtin_max),
+            _combine_extreme(self._min, known, other._min, other_known, builtin_min),
+            _combine_extreme(self._max, known, other._max, other_known, builtin_max),
             self._zero_count + other._zero_count,
             self._nan_count + other._nan_count,
             self._positive_inf_count + other._positive_inf_count,

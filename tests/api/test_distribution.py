@@ -183,16 +183,26 @@ def test_merge_equals_the_distribution_of_all_samples() -> None:
     assert dict(merged.negative)[oracle_index(-3.0)] == 2
 
 
-def test_merge_min_max_ignore_nan_unless_both() -> None:
+def test_merge_min_max_unknown_when_a_window_with_samples_has_nan_ones() -> None:
+    """A NaN min/max of a window with non-NaN samples (its first sample was
+    NaN) is unknown, so the merged one is NaN; a window without non-NaN
+    samples (all NaN, or empty) adds no extreme (docs/api.md)."""
+
     def d(low: float, high: float) -> Distribution:
         return Distribution(count=1, sum=1.0, min=low, max=high, positive=[(0, 1)])
 
+    all_nan = Distribution(count=2, sum=math.nan, min=math.nan, max=math.nan, nan_count=2)
+    empty = Distribution(count=0, sum=0.0, min=0.0, max=0.0)
     merged = d(math.nan, math.nan).merge(d(1.0, 2.0))
-    assert (merged.min, merged.max) == (1.0, 2.0)
-    merged = d(0.5, 3.0).merge(d(math.nan, math.nan))
-    assert (merged.min, merged.max) == (0.5, 3.0)
-    both = d(math.nan, math.nan).merge(d(math.nan, math.nan))
-    assert math.isnan(both.min) and math.isnan(both.max)
+    assert math.isnan(merged.min) and math.isnan(merged.max)
+    merged = d(0.5, 3.0).merge(d(math.nan, 4.0))
+    assert math.isnan(merged.min) and merged.max == 4.0
+    for merged in (all_nan.merge(d(1.0, 2.0)), d(1.0, 2.0).merge(empty)):
+        assert (merged.min, merged.max) == (1.0, 2.0)
+    assert (d(0.5, 3.0).merge(d(1.0, 4.0)).min, d(0.5, 3.0).merge(d(1.0, 4.0)).max) == (0.5, 4.0)
+    nothing = all_nan.merge(empty)
+    assert math.isnan(nothing.min) and math.isnan(nothing.quantile(0.5))
+    assert empty.merge(empty).min == 0.0
 
 
 def test_merge_wrong_type() -> None:

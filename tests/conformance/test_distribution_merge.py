@@ -114,25 +114,37 @@ def test_merged_windows_equal_one_window_of_all_samples(chunks: list[list[float]
     assert sum_within_float_tolerance(single.sum, samples)
     if any(math.isnan(chunk[0]) for chunk in chunks):
         # A window whose first sample is NaN has NaN MIN and MAX (torch's
-        # rule), which the merge skips along with that window's extremes:
-        # see test_merge_with_a_window_that_starts_with_nan.
+        # rule): the merged extremes are unknown and its quantiles unclamped
+        # estimates (test_merge_with_a_window_that_starts_with_nan), still
+        # within 1% of the exact order statistic (docs/api.md).
+        ordered = sorted(v for v in samples if not math.isnan(v))
+        for q in QUANTILES:
+            got = merged.quantile(q)
+            if not ordered:
+                assert math.isnan(got)
+                continue
+            rank = max(1, math.ceil(Fraction(repr(q)) * len(ordered)))
+            exact = ordered[rank - 1]
+            if math.isinf(exact) or exact == 0.0:
+                assert got == exact, (q, got, exact)
+            else:
+                assert abs(got - exact) <= 0.01 * abs(exact), (q, got, exact)
         return
     assert same(merged.min, single.min) and same(merged.max, single.max)
     for q in QUANTILES:
         assert same(merged.quantile(q), single.quantile(q)), q
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a window whose first sample is NaN has NaN MIN/MAX (torch's rule); merge() takes "
-    "the other windows' min/max, which the quantile rules then trust as the exact extremes: "
-    "the merged P50 of 5015.66 and 0.0 is 5015.66, not 0.0",
-)
 def test_merge_with_a_window_that_starts_with_nan() -> None:
     parts, single = window_distributions([[5015.66], [NAN, 0.0]])
     merged = parts[0].merge(parts[1])
     assert single.quantile(0.5) == 0.0  # the one window over all samples is right
     assert merged.quantile(0.5) == 0.0
+    # Its extremes are unknown, so the merged ones are too, and the quantiles
+    # are the bucket estimates: 5015.66 within half a bucket, not clamped.
+    assert math.isnan(merged.min) and math.isnan(merged.max)
+    assert abs(merged.quantile(1.0) - 5015.66) <= 0.0055 * 5015.66
+    assert merged.merge(parts[0]).quantile(0.3) == 0.0  # rank 1 of 0.0, 5015.66, 5015.66
 
 
 @given(chunk_lists, st.randoms())

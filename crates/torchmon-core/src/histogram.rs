@@ -509,15 +509,21 @@ pub const QUANTILE_THOUSANDTHS: [u32; 5] = [500, 900, 950, 990, 999];
 
 impl Distribution {
     /// Counts added bucket by bucket, count and sum added, min and max
-    /// combined (a NaN one only when both are NaN).
+    /// combined: a side without non-NaN samples adds none, and a NaN one of
+    /// a side with some (its first sample was NaN, torch's MIN/MAX rule) is
+    /// unknown and makes the merged one NaN, so that the quantile rules do
+    /// not trust the other side's as exact (docs/api.md, Distribution.merge;
+    /// python/torchmon/_distribution.py does the same).
     pub fn merge(&self, other: &Distribution) -> Distribution {
         let (a, b) = (&self.buckets, &other.buckets);
-        let pick = |x: f64, y: f64, better: fn(f64, f64) -> bool| {
-            if x.is_nan() || (!y.is_nan() && better(y, x)) {
-                y
-            } else {
-                x
-            }
+        let known = (self.count - a.nan_count, other.count - b.nan_count);
+        let pick = |x: f64, y: f64, better: fn(f64, f64) -> bool| match known {
+            (0, 0) if x.is_nan() || y.is_nan() => f64::NAN,
+            (0, 0) | (_, 0) => x,
+            (0, _) => y,
+            _ if x.is_nan() || y.is_nan() => f64::NAN,
+            _ if better(y, x) => y,
+            _ => x,
         };
         Distribution {
             count: self.count + other.count,

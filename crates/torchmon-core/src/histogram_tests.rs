@@ -405,10 +405,22 @@ fn merging_equals_the_histogram_of_all_samples() {
     assert_eq!(merged.buckets, whole.buckets);
     assert_eq!(merged.count, whole.count);
     assert_eq!((merged.min, merged.max), (-7.0, f64::INFINITY));
-    // A NaN min/max gives way to the other one.
+    // The NaN min/max of a window whose first sample is NaN is unknown: the
+    // merged ones are too, and the quantile is the bucket estimate of 4.0,
+    // not the other window's 2.0 (rank 2 of 2.0, 4.0).
     let nan_first = distribution_of(&[f64::NAN, 4.0]);
     let m = nan_first.merge(&distribution_of(&[2.0]));
-    assert_eq!((m.min, m.max), (2.0, 2.0));
+    assert!(m.min.is_nan() && m.max.is_nan());
+    assert!((m.quantile_thousandths(999) - 4.0).abs() <= 0.0055 * 4.0);
+    // A window without non-NaN samples adds no extremes.
+    let m = distribution_of(&[f64::NAN]).merge(&distribution_of(&[2.0, 3.0]));
+    assert_eq!((m.min, m.max), (2.0, 3.0));
+    assert!(
+        distribution_of(&[f64::NAN])
+            .merge(&distribution_of(&[f64::NAN]))
+            .min
+            .is_nan()
+    );
 }
 
 #[test]
