@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import json
 import subprocess
 import sys
 import textwrap
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -73,3 +75,31 @@ def assert_scenario_replays(replay: Any, module: Any, scenario: dict[str, Any]) 
             f"expected: {replay.dumps(expected)}\n"
             f"got:      {replay.dumps(actual)}"
         )
+
+
+@contextlib.contextmanager
+def registered(handler: Any) -> Iterator[None]:
+    """`handler` registered with torchmon for the block."""
+    import torchmon
+
+    handle = torchmon.register_event_handler(handler)
+    try:
+        yield
+    finally:
+        torchmon.unregister_event_handler(handle)
+
+
+TORCHRUN_VARIABLES = (
+    "RANK",
+    "LOCAL_RANK",
+    "WORLD_SIZE",
+    "LOCAL_WORLD_SIZE",
+    "GROUP_RANK",
+    "TORCHELASTIC_RUN_ID",
+)
+
+
+def clear_torchrun_env(monkeypatch: Any) -> None:
+    """The process environment without any of torchrun's variables."""
+    for variable in TORCHRUN_VARIABLES:
+        monkeypatch.delenv(variable, raising=False)

@@ -11,6 +11,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from conformance import model
 
 import torchmon
 from torchmon import (
@@ -34,25 +35,6 @@ from torchmon.testing import ManualClock
 HOUR = timedelta(hours=1)
 QUANTILES = {P50: 500, P90: 900, P95: 950, P99: 990, P999: 999}
 TWELVE = [VALUE, MEAN, COUNT, SUM, MAX, MIN, STDDEV, P50, P90, P95, P99, P999]
-# The contract's midpoint table (docs/api.md): 2 ** ((j + 0.5) / 64).
-MIDPOINTS_HEX = """
-0x1.0163da9fb3335p+0 0x1.04315e86e7f85p+0 0x1.0706b29ddf6dep+0 0x1.09e3ecac6f383p+0
-0x1.0cc922b7247f7p+0 0x1.0fb66affed31bp+0 0x1.12abdc06c31ccp+0 0x1.15a98c8a58e51p+0
-0x1.18af9388c8deap+0 0x1.1bbe084045cd4p+0 0x1.1ed5022fcd91dp+0 0x1.21f49917ddc96p+0
-0x1.251ce4fb2a63fp+0 0x1.284dfe1f56381p+0 0x1.2b87fd0dad990p+0 0x1.2ecafa93e2f56p+0
-0x1.32170fc4cd831p+0 0x1.356c55f929ff1p+0 0x1.38cae6d05d866p+0 0x1.3c32dc313a8e5p+0
-0x1.3fa4504ac801cp+0 0x1.431f5d950a897p+0 0x1.46a41ed1d0057p+0 0x1.4a32af0d7d3dep+0
-0x1.4dcb299fddd0dp+0 0x1.516daa2cf6642p+0 0x1.551a4ca5d920fp+0 0x1.58d12d497c7fdp+0
-0x1.5c9268a5946b7p+0 0x1.605e1b976dc09p+0 0x1.6434634ccc320p+0 0x1.68155d44ca973p+0
-0x1.6c012750bdabfp+0 0x1.6ff7df9519484p+0 0x1.73f9a48a58174p+0 0x1.780694fde5d3fp+0
-0x1.7c1ed0130c132p+0 0x1.80427543e1a12p+0 0x1.8471a4623c7adp+0 0x1.88ac7d98a6699p+0
-0x1.8cf3216b5448cp+0 0x1.9145b0b91ffc6p+0 0x1.95a44cbc8520fp+0 0x1.9a0f170ca07bap+0
-0x1.9e86319e32323p+0 0x1.a309bec4a2d33p+0 0x1.a799e1330b358p+0 0x1.ac36bbfd3f37ap+0
-0x1.b0e07298db666p+0 0x1.b59728de5593ap+0 0x1.ba5b030a1064ap+0 0x1.bf2c25bd71e09p+0
-0x1.c40ab5fffd07ap+0 0x1.c8f6d9406e7b5p+0 0x1.cdf0b555dc3fap+0 0x1.d2f87080d89f2p+0
-0x1.d80e316c98398p+0 0x1.dd321f301b460p+0 0x1.e264614f5a129p+0 0x1.e7a51fbc74c83p+0
-0x1.ecf482d8e67f1p+0 0x1.f252b376bba97p+0 0x1.f7bfdad9cbe14p+0 0x1.fd3c22b8f71f1p+0
-"""
 
 
 def one_window(
@@ -105,7 +87,7 @@ def test_members_values_aliases_and_keys() -> None:
 
 
 def test_bucket_midpoints_are_the_documented_table() -> None:
-    expected = tuple(float.fromhex(h) for h in MIDPOINTS_HEX.split())
+    expected = model.BUCKET_MIDPOINTS  # the reference model's copy of docs/api.md's table
     assert torchmon._core._BUCKET_MIDPOINTS == expected
     assert all(type(m) is float for m in torchmon._core._BUCKET_MIDPOINTS)
 

@@ -9,24 +9,15 @@ from datetime import datetime
 from pathlib import Path
 
 import pytest
+from support import clear_torchrun_env
 
 import torchmon
-
-_TORCHRUN_VARIABLES = (
-    "RANK",
-    "LOCAL_RANK",
-    "WORLD_SIZE",
-    "LOCAL_WORLD_SIZE",
-    "GROUP_RANK",
-    "TORCHELASTIC_RUN_ID",
-)
 
 
 @pytest.fixture
 def torchrun_env(monkeypatch: pytest.MonkeyPatch) -> pytest.MonkeyPatch:
     """The process environment without any of torchrun's variables."""
-    for variable in _TORCHRUN_VARIABLES:
-        monkeypatch.delenv(variable, raising=False)
+    clear_torchrun_env(monkeypatch)
     return monkeypatch
 
 

@@ -11,26 +11,17 @@ from collections.abc import Iterator
 from datetime import datetime, timedelta
 
 import pytest
+from support import clear_torchrun_env
 
 import torchmon
 
 pytest.importorskip("prometheus_client")
 
-_TORCHRUN_VARIABLES = (
-    "RANK",
-    "LOCAL_RANK",
-    "WORLD_SIZE",
-    "LOCAL_WORLD_SIZE",
-    "GROUP_RANK",
-    "TORCHELASTIC_RUN_ID",
-)
-
 
 @pytest.fixture
 def rank_env(monkeypatch: pytest.MonkeyPatch) -> pytest.MonkeyPatch:
     """Rank 5 of 8, local rank 1 of 4 on node 1, in job "j7"."""
-    for variable in _TORCHRUN_VARIABLES:
-        monkeypatch.delenv(variable, raising=False)
+    clear_torchrun_env(monkeypatch)
     for variable, value in {
         "RANK": "5",
         "LOCAL_RANK": "1",

@@ -13,8 +13,6 @@ import subprocess
 import sys
 import tempfile
 import threading
-from collections.abc import Iterator
-from contextlib import contextmanager
 from datetime import datetime, timedelta, timezone
 from itertools import chain
 from pathlib import Path
@@ -23,6 +21,7 @@ from typing import Any
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+from support import registered
 
 import torchmon
 from torchmon import Aggregation, Event, JsonlEventHandler, Stat, read_jsonl
@@ -30,15 +29,6 @@ from torchmon.handlers.jsonl import FLOAT_TAG
 from torchmon.testing import ManualClock
 
 INT64 = (-(2**63), 2**63 - 1)
-
-
-@contextmanager
-def registered(handler: Any) -> Iterator[None]:
-    handle = torchmon.register_event_handler(handler)
-    try:
-        yield
-    finally:
-        torchmon.unregister_event_handler(handle)
 
 
 def tagged(v: object) -> tuple[str, str]:

@@ -13,6 +13,7 @@ from datetime import datetime
 from typing import Any
 
 import pytest
+from support import registered
 
 import torchmon
 from torchmon import Aggregation, Event, OpenTelemetryEventHandler, Stat
@@ -25,15 +26,6 @@ from opentelemetry.sdk.metrics.export import InMemoryMetricReader, MetricsData, 
 
 # metric name -> [(attributes, value)]
 Points = dict[str, list[tuple[dict[str, Any], float]]]
-
-
-@contextmanager
-def registered(handler: Any) -> Iterator[None]:
-    handle = torchmon.register_event_handler(handler)
-    try:
-        yield
-    finally:
-        torchmon.unregister_event_handler(handle)
 
 
 @contextmanager

@@ -16,6 +16,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 import pytest
+from support import registered
 
 import torchmon
 from torchmon import Aggregation, Event, PrometheusEventHandler, Stat
@@ -27,15 +28,6 @@ from prometheus_client import CollectorRegistry  # noqa: E402
 from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
 
 Samples = dict[str, list[tuple[dict[str, str], float]]]
-
-
-@contextmanager
-def registered(handler: Any) -> Iterator[None]:
-    handle = torchmon.register_event_handler(handler)
-    try:
-        yield
-    finally:
-        torchmon.unregister_event_handler(handle)
 
 
 @contextmanager

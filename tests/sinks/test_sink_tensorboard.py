@@ -8,13 +8,12 @@ from __future__ import annotations
 import gc
 import threading
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
 
 import pytest
+from support import registered
 
 import torchmon
 from torchmon import Aggregation, Event, Stat, TensorboardEventHandler
@@ -41,15 +40,6 @@ def values(scalars: dict[str, list[tuple[int, float, float]]]) -> dict[str, list
 
 def steps(scalars: dict[str, list[tuple[int, float, float]]]) -> dict[str, list[int]]:
     return {tag: [s for s, _, _ in evs] for tag, evs in scalars.items()}
-
-
-@contextmanager
-def registered(handler: Any) -> Iterator[None]:
-    handle = torchmon.register_event_handler(handler)
-    try:
-        yield
-    finally:
-        torchmon.unregister_event_handler(handle)
 
 
 def run_two_windows(clock: ManualClock) -> None:

@@ -7,14 +7,13 @@ from __future__ import annotations
 
 import math
 import random
-from collections.abc import Iterator
-from contextlib import contextmanager
 from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
 import pytest
 from dist_samples import from_samples
+from support import registered
 
 import torchmon
 from torchmon import Aggregation, Distribution, JsonlEventHandler, Stat, read_jsonl
@@ -22,15 +21,6 @@ from torchmon.cli import main
 from torchmon.testing import ManualClock
 
 P_AGGREGATIONS = [Aggregation.P50, Aggregation.P90, Aggregation.P99, Aggregation.P999]
-
-
-@contextmanager
-def registered(handler: Any) -> Iterator[None]:
-    handle = torchmon.register_event_handler(handler)
-    try:
-        yield
-    finally:
-        torchmon.unregister_event_handler(handle)
 
 
 def run_windows(stat: Stat, clock: ManualClock, windows: list[list[float]]) -> None:
