@@ -175,6 +175,10 @@ def _install_exit_flush() -> None:
     if register_threading_atexit is not None:
         register_threading_atexit(register_in_order)
     if hasattr(os, "register_at_fork"):
+        # The open windows a forked child inherits hold the parent's samples,
+        # which the parent emits: the child starts with empty ones
+        # (docs/reliability.md, "fork").
+        os.register_at_fork(after_in_child=_core._reset_stats_after_fork)
         # A forked child has no worker threads: give each handler new ones.
         os.register_at_fork(after_in_child=_core._restart_async_handlers_after_fork)
 
