@@ -44,6 +44,10 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<AsyncEventHandler>()?;
     m.add_class::<crate::py_event::DataValueT>()?;
     m.add_class::<crate::py_event::Event>()?;
+    m.add_function(wrap_pyfunction!(
+        crate::py_event::_event_with_distribution,
+        m
+    )?)?;
     m.add_class::<EventHandlerHandle>()?;
     m.add_class::<Stat>()?;
     m.add_function(wrap_pyfunction!(_close_async_handlers_at_exit, m)?)?;
