@@ -31,7 +31,7 @@ TIMEOUT = 120.0
 # Imported by the scenario's parent and, through set_forkserver_preload, by
 # the forkserver process: both add IMPORT_ADDS samples at import, so the
 # forkserver's children inherit an open window too.
-_PROBE = r'''
+_PROBE = r"""
 import datetime as dt, json, os
 import torchmon as m
 
@@ -63,7 +63,7 @@ def add(n, role):
     _append("adds.jsonl", {"pid": os.getpid(), "adds": n, "role": role})
 
 add(IMPORT_ADDS, "import")
-'''
+"""
 
 
 def _run(tmp_path: Path, body: str) -> None:
