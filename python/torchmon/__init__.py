@@ -85,10 +85,14 @@ def __getattr__(name: str) -> object:
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
+# Public besides __all__: the version and the sinks' package.
+_PUBLIC_EXTRA = ("__version__", "handlers")
+
+
 def __dir__() -> list[str]:
-    return sorted(
-        {*globals(), "handlers", "Distribution", *_FROM_HANDLERS, *_FROM_RANK, "SystemStats"}
-    )
+    # The public API only, not what this module imports for itself (os,
+    # atexit, threading, _core...): a name added to __all__ shows here.
+    return sorted({*__all__, *_PUBLIC_EXTRA})
 
 
 # torch.monitor exports the members at module level too. They come from the
