@@ -163,7 +163,6 @@ def test_bare_fork_and_multiprocessing_children_do_not_relog_the_parents_window(
         """,
     )
     _assert_each_sample_logged_once(tmp_path)
-    _, adds, roles = _per_process(tmp_path)
     # parent 5 + 500; children 0 + 3 + 7 + 7 (the forkserver's 5 at most once)
     assert _file_count(tmp_path) in (5 + 500 + 3 + 7 + 7, 5 + 500 + 3 + 7 + 7 + 5)
 
@@ -197,6 +196,70 @@ def test_dataloader_fork_workers_log_only_their_own_samples(tmp_path: Path) -> N
         """,
     )
     _assert_each_sample_logged_once(tmp_path)
-    _, adds, roles = _per_process(tmp_path)
+    roles = _per_process(tmp_path)[2]
     assert sum(1 for r in roles.values() if "worker" in r) == 3
     assert _file_count(tmp_path) == 5 + 500 + 30
+
+
+@pytest.mark.skipif("fork" not in METHODS, reason="needs fork")
+def test_wait_counters_and_system_stats_are_not_relogged_by_a_child(tmp_path: Path) -> None:
+    """A WaitCounter and a running SystemStats sampler are Stats too: a bare
+    fork child that guards twice logs 2 for the counter and no system window
+    (its sampler is stopped, docs/reliability.md); the parent logs its own."""
+    out = tmp_path / "counts.jsonl"
+    script = tmp_path / "scenario.py"
+    script.write_text(
+        textwrap.dedent(
+            f"""
+            import json, os, signal, sys, time
+            import torchmon as m
+
+            def probe(event):
+                counts = {{k: v for k, v in event.data.items() if k.endswith(".count")}}
+                # SystemStats' Stats have no COUNT: one per system window
+                if any(k.startswith("system.") for k in event.data):
+                    counts["system windows"] = 1
+                line = json.dumps({{"pid": os.getpid(), "counts": counts}}) + "\\n"
+                fd = os.open({str(out)!r}, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+                os.write(fd, line.encode())
+                os.close(fd)
+
+            m.register_event_handler(probe)
+            counter = m.WaitCounter("wc", 3600)
+            for _ in range(50):
+                with counter.guard():
+                    pass
+            sampler = m.SystemStats(0.01, 3600.0, source="proc", gpu=False, io=False).start()
+            deadline = time.monotonic() + 30
+            while sampler.stats.get("system.memory.usage") is None or (
+                sampler.stats["system.memory.usage"].count < 3
+            ):
+                assert time.monotonic() < deadline, "the sampler took no sample"
+                time.sleep(0.01)
+            pid = os.fork()
+            if pid == 0:
+                signal.alarm(30)
+                for _ in range(2):
+                    with counter.guard():
+                        pass
+                sys.exit(0)
+            _, status = os.waitpid(pid, 0)
+            assert os.waitstatus_to_exitcode(status) == 0
+            sampler.close()
+            print(os.getpid(), pid)
+            """
+        )
+    )
+    proc = subprocess.run(
+        [sys.executable, str(script)], capture_output=True, text=True, timeout=TIMEOUT
+    )
+    assert proc.returncode == 0, proc.stderr
+    parent, child = (int(x) for x in proc.stdout.split())
+    logged: dict[int, dict[str, float]] = {parent: defaultdict(float), child: defaultdict(float)}
+    for line in out.read_text().splitlines():
+        record = json.loads(line)
+        for key, count in record["counts"].items():
+            logged[record["pid"]][key] += count
+    assert dict(logged[child]) == {"wc.count": 2.0}
+    assert logged[parent]["wc.count"] == 50.0
+    assert logged[parent]["system windows"] >= 1
