@@ -1,6 +1,7 @@
 //! `fork::after_fork_in_child` (docs/reliability.md, "fork"). A binary of its
 //! own: it resets every Stat of the process, which would disturb the unit
 //! tests running beside it.
+#![cfg(not(loom))]
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use torchmon_core::aggregation::Aggregation::{Count, Sum};

@@ -245,6 +245,7 @@ impl Stat {
     /// `get()` still reports the last window the parent closed. Returns
     /// whether samples were discarded. A Stat whose lock a vanished parent
     /// thread held is left as it is.
+    #[cfg(not(loom))]
     pub fn reset_after_fork(&self) -> bool {
         let Some(mut locked) = self.locked.try_lock() else {
             return false;
