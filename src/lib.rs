@@ -37,11 +37,17 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
         _close_exit_gate, _exit_gate_state, _handler_count, EventHandlerHandle,
         register_event_handler, unregister_event_handler,
     };
-    use crate::py_stat::{_flush_all_stats, _flush_stats_now, _live_stat_count, Stat};
+    use crate::py_stat::{
+        _flush_all_stats, _flush_stats_now, _live_stat_count, _reset_stats_after_fork, Stat,
+    };
     crate::py_aggregation::add_to_module(m)?;
     m.add_class::<AsyncEventHandler>()?;
     m.add_class::<crate::py_event::DataValueT>()?;
     m.add_class::<crate::py_event::Event>()?;
+    m.add_function(wrap_pyfunction!(
+        crate::py_event::_event_with_distribution,
+        m
+    )?)?;
     m.add_class::<EventHandlerHandle>()?;
     m.add_class::<Stat>()?;
     m.add_function(wrap_pyfunction!(_close_async_handlers_at_exit, m)?)?;
@@ -58,6 +64,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(_flush_all_stats, m)?)?;
     m.add_function(wrap_pyfunction!(_live_stat_count, m)?)?;
     m.add_function(wrap_pyfunction!(_flush_stats_now, m)?)?;
+    m.add_function(wrap_pyfunction!(_reset_stats_after_fork, m)?)?;
     m.add("STAT_EVENT", crate::py_stat::STAT_EVENT)?;
     m.add(
         "_BUCKET_MIDPOINTS",

@@ -284,20 +284,55 @@ impl Event {
         ))
     }
 
-    /// Events pickle (for queues and multiprocessing) as their three parts.
+    /// Events pickle (for queues and multiprocessing, and `copy.copy`) as
+    /// their three parts, and a window event with its distribution, which
+    /// `Event(...)` does not take (`_event_with_distribution` restores it).
     fn __reduce__<'py>(
         slf: &Bound<'py, Self>,
     ) -> PyResult<(Bound<'py, PyAny>, Bound<'py, PyTuple>)> {
         let py = slf.py();
         let this = slf.get();
-        let args = PyTuple::new(
-            py,
-            [
-                this.name_ref(py).into_any(),
-                this.timestamp_ref(py),
-                this.data_ref(py).bind(py).copy()?.into_any().unbind(),
-            ],
-        )?;
-        Ok((py.get_type::<Event>().into_any(), args))
+        let mut parts = vec![
+            this.name_ref(py).into_any(),
+            this.timestamp_ref(py),
+            this.data_ref(py).bind(py).copy()?.into_any().unbind(),
+        ];
+        let Some(distribution) = &this.distribution else {
+            return Ok((py.get_type::<Event>().into_any(), PyTuple::new(py, parts)?));
+        };
+        parts.push(distribution.clone_ref(py));
+        // The module's function, which pickle finds by its qualified name.
+        let restore = py
+            .import("torchmon._core")?
+            .getattr("_event_with_distribution")?;
+        Ok((restore, PyTuple::new(py, parts)?))
     }
+}
+
+/// An unpickled window event: `Event(name, timestamp, data)` with its
+/// `distribution` (a `torchmon.Distribution`).
+#[pyfunction]
+pub fn _event_with_distribution(
+    name: &Bound<'_, PyAny>,
+    timestamp: &Bound<'_, PyAny>,
+    data: &Bound<'_, PyAny>,
+    distribution: &Bound<'_, PyAny>,
+) -> PyResult<Event> {
+    let py = distribution.py();
+    let class = py
+        .import("torchmon._distribution")?
+        .getattr("Distribution")?;
+    if !distribution.is_instance(&class)? {
+        return Err(crate::py_convert::arg_type_error(
+            "_event_with_distribution",
+            "distribution",
+            "a torchmon.Distribution",
+            distribution,
+        ));
+    }
+    let event = Event::new(name, timestamp, data)?;
+    Ok(Event {
+        distribution: Some(distribution.clone().unbind()),
+        ..event
+    })
 }

@@ -32,7 +32,7 @@ struct Output {
 }
 
 pub struct StatShared {
-    core: CoreStat,
+    core: Arc<CoreStat>,
     name: Py<PyString>,
     outputs: Vec<Output>,
     max_samples: i64,
@@ -148,6 +148,8 @@ fn distribution_object(py: Python<'_>, d: &Distribution) -> PyResult<Py<PyAny>> 
 #[pyclass(name = "Stat", module = "torchmon", frozen)]
 pub struct Stat {
     shared: Arc<StatShared>,
+    /// `shared.core`, one pointer less on `add`'s path.
+    core: Arc<CoreStat>,
     live_id: u64,
 }
 
@@ -167,9 +169,9 @@ impl Stat {
         // `add_serialized` asks for; free-threaded builds take the lock-free
         // path.
         #[cfg(not(Py_GIL_DISABLED))]
-        let closed = self.shared.core.add_serialized(value);
+        let closed = self.core.add_serialized(value);
         #[cfg(Py_GIL_DISABLED)]
-        let closed = self.shared.core.add(value);
+        let closed = self.core.add(value);
         closed
     }
 
@@ -356,15 +358,20 @@ impl Stat {
                 })
             })
             .collect::<PyResult<Vec<_>>>()?;
+        let core = CoreStat::new(&aggregations, window_ms, max_samples);
         let shared = Arc::new(StatShared {
-            core: CoreStat::new(&aggregations, window_ms, max_samples),
+            core: Arc::clone(&core),
             name: name.unbind(),
             outputs,
             max_samples,
         });
         let live_id = NEXT_LIVE_ID.fetch_add(1, Ordering::Relaxed);
         LIVE.lock().insert(live_id, Arc::downgrade(&shared));
-        Ok(Stat { shared, live_id })
+        Ok(Stat {
+            shared,
+            core,
+            live_id,
+        })
     }
 
     /// Adds every value of `values` in order, at one instant: the same
@@ -486,6 +493,16 @@ pub fn _flush_stats_now(py: Python<'_>) -> PyResult<usize> {
         }
     }
     failures.into_result().map(|()| emitted)
+}
+
+/// In a forked child: empties the open window of every live core Stat
+/// (Python's, WaitCounters' and any made in Rust), which holds the parent's
+/// samples, so that the child emits only what it adds itself
+/// (docs/reliability.md, "fork"). Registered with `os.register_at_fork` by
+/// the package. Returns how many windows were discarded.
+#[pyfunction]
+pub fn _reset_stats_after_fork() -> usize {
+    torchmon_core::fork::after_fork_in_child()
 }
 
 /// Fills this module's lazy cells at import (see `py_convert::init_lazy`).

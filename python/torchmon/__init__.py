@@ -85,10 +85,14 @@ def __getattr__(name: str) -> object:
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
+# Public besides __all__: the version and the sinks' package.
+_PUBLIC_EXTRA = ("__version__", "handlers")
+
+
 def __dir__() -> list[str]:
-    return sorted(
-        {*globals(), "handlers", "Distribution", *_FROM_HANDLERS, *_FROM_RANK, "SystemStats"}
-    )
+    # The public API only, not what this module imports for itself (os,
+    # atexit, threading, _core...): a name added to __all__ shows here.
+    return sorted({*__all__, *_PUBLIC_EXTRA})
 
 
 # torch.monitor exports the members at module level too. They come from the
@@ -175,6 +179,10 @@ def _install_exit_flush() -> None:
     if register_threading_atexit is not None:
         register_threading_atexit(register_in_order)
     if hasattr(os, "register_at_fork"):
+        # The open windows a forked child inherits hold the parent's samples,
+        # which the parent emits: the child starts with empty ones
+        # (docs/reliability.md, "fork").
+        os.register_at_fork(after_in_child=_core._reset_stats_after_fork)
         # A forked child has no worker threads: give each handler new ones.
         os.register_at_fork(after_in_child=_core._restart_async_handlers_after_fork)
 

@@ -591,6 +591,15 @@ def _interval_seconds(interval: object) -> float:
         raise arg_value_error(
             "SystemStats", "interval", f"must be a positive, finite time, got {interval!r}"
         )
+    if seconds > threading.TIMEOUT_MAX:
+        # The sampler waits `interval` with Event.wait, which raises
+        # OverflowError above this bound: on its thread, which would die.
+        raise arg_value_error(
+            "SystemStats",
+            "interval",
+            f"must be at most threading.TIMEOUT_MAX ({threading.TIMEOUT_MAX:g} s), "
+            f"got {interval!r}",
+        )
     return seconds
 
 

@@ -3,10 +3,12 @@
 
 from __future__ import annotations
 
+import copy
 import math
+import pickle
 import random
 import statistics
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 import numpy as np
@@ -33,6 +35,7 @@ from torchmon import (
 from torchmon.testing import ManualClock
 
 HOUR = timedelta(hours=1)
+TS = datetime(2020, 1, 1)
 QUANTILES = {P50: 500, P90: 900, P95: 950, P99: 990, P999: 999}
 TWELVE = [VALUE, MEAN, COUNT, SUM, MAX, MIN, STDDEV, P50, P90, P95, P99, P999]
 
@@ -227,6 +230,32 @@ def test_every_handler_sees_the_same_distribution() -> None:
     first, second = events
     assert first is not second
     assert first.distribution is second.distribution
+
+
+@pytest.mark.parametrize("protocol", range(pickle.HIGHEST_PROTOCOL + 1))
+def test_a_pickled_window_event_keeps_its_distribution(protocol: int) -> None:
+    """docs/api.md, "Event": pickling a window event (a multiprocessing queue)
+    keeps event.distribution, as AsyncEventHandler's copy does."""
+    _, (event,) = one_window([1.0, 2.0, 1000.0, -3.0], [COUNT, P90])
+    back = pickle.loads(pickle.dumps(event, protocol=protocol))
+    assert type(back) is torchmon.Event
+    assert (back.name, back.timestamp, back.data) == (event.name, event.timestamp, event.data)
+    assert back.distribution is not None
+    assert back.distribution == event.distribution
+    assert back.distribution.count == 4 and back.distribution.max == 1000.0
+
+
+def test_a_copied_window_event_keeps_its_distribution() -> None:
+    _, (event,) = one_window([5.0, 7.0], [P50])
+    for duplicate in (copy.copy(event), copy.deepcopy(event)):
+        assert duplicate is not event
+        assert duplicate.data == event.data
+        assert duplicate.distribution == event.distribution
+
+
+def test_a_pickle_naming_a_wrong_distribution_is_a_type_error() -> None:
+    with pytest.raises(TypeError, match=r"distribution must be a torchmon\.Distribution"):
+        torchmon._core._event_with_distribution("e", TS, {}, {"count": 1})
 
 
 def test_bad_input_is_unchanged() -> None:

@@ -12,6 +12,7 @@ import os
 import sys
 import threading
 import types
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -212,6 +213,9 @@ def test_asking_for_psutil_without_it_is_a_clear_error() -> None:
         ({"interval": 0}, ValueError, "SystemStats(interval): interval must be a positive"),
         ({"interval": "10"}, TypeError, "SystemStats(interval): interval must be a"),
         ({"interval": True}, TypeError, "SystemStats(interval)"),
+        # longer than the sampler thread's Event.wait takes (it died of OverflowError)
+        ({"interval": 1e10}, ValueError, "SystemStats(interval): interval must be at most"),
+        ({"interval": timedelta.max}, ValueError, "SystemStats(interval): interval must be at "),
         ({"window_size": 0.0}, ValueError, "SystemStats(window_size)"),
         ({"window_size": 60}, TypeError, "SystemStats(window_size)"),
         ({"source": "sysfs"}, ValueError, "SystemStats(source): source must be"),
@@ -224,6 +228,20 @@ def test_bad_arguments_name_the_argument(
     with pytest.raises(error) as info:
         torchmon.SystemStats(**kwargs)
     assert str(info.value).startswith(message)
+
+
+def test_the_longest_interval_accepted_keeps_the_sampler_running() -> None:
+    """threading.TIMEOUT_MAX, the bound SystemStats checks, is a wait the
+    sampler thread can make (docs/api.md, "SystemStats")."""
+    import time
+
+    sampler = torchmon.SystemStats(threading.TIMEOUT_MAX, HOUR, source="proc", gpu=False, io=False)
+    try:
+        sampler.start()
+        time.sleep(0.2)  # time for a wait that overflows to kill the thread
+        assert sampler.running
+    finally:
+        sampler.close()
 
 
 def test_a_failing_source_is_absent_with_one_log_line_and_the_rest_goes_on(

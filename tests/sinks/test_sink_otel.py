@@ -4,6 +4,7 @@ driven through the registry, read back with the SDK's InMemoryMetricReader."""
 from __future__ import annotations
 
 import gc
+import json
 import math
 import subprocess
 import sys
@@ -264,3 +265,63 @@ def test_missing_opentelemetry_names_the_extra() -> None:
     # a command that works: torchmon itself is on no package index (docs/sinks.md)
     assert "pip install opentelemetry-sdk" in result.stdout
     assert "torchmon[" not in result.stdout
+
+
+_FORK_SCRIPT = r'''
+import datetime as dt, json, math, os, sys
+from opentelemetry.sdk.metrics.export import MetricExporter, MetricExportResult
+import torchmon as m
+
+OUT = sys.argv[1]
+
+class FileExporter(MetricExporter):
+    """Appends the pid and every point exported (a count or a value) to OUT."""
+    def export(self, metrics_data, timeout_millis=10_000, **kwargs):
+        points = [
+            [metric.name, getattr(p, "count", None) or p.value]
+            for rm in metrics_data.resource_metrics
+            for sm in rm.scope_metrics
+            for metric in sm.metrics
+            for p in metric.data.data_points
+        ]
+        fd = os.open(OUT, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        os.write(fd, (json.dumps({"pid": os.getpid(), "points": points}) + "\n").encode())
+        os.close(fd)
+        return MetricExportResult.SUCCESS
+    def force_flush(self, timeout_millis=10_000):
+        return True
+    def shutdown(self, timeout_millis=30_000, **kwargs):
+        pass
+
+m.register_event_handler(
+    m.OpenTelemetryEventHandler(exporter=FileExporter(), export_interval=math.inf))
+s = m.Stat("s", [m.COUNT, m.P50], dt.timedelta(hours=1))
+for _ in range(500):
+    s.add(1.0)
+m.flush()  # the window reaches the handler, which exports it
+pid = os.fork()
+if pid == 0:
+    s.add(2.0)
+    sys.exit(0)  # an ordinary exit: the exit flush, then the handler's close
+os.waitpid(pid, 0)
+print(os.getpid())
+'''
+
+
+def test_a_forked_child_does_not_export_the_parents_data(tmp_path: Any) -> None:
+    """docs/sinks.md, "OpenTelemetry": a handler with its own exporter,
+    inherited through fork, exports nothing from the child, whose exit used
+    to close it and send the parent's gauges and histograms a second time."""
+    out = tmp_path / "exports.jsonl"
+    result = subprocess.run(
+        [sys.executable, "-c", _FORK_SCRIPT, str(out)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    parent = int(result.stdout.split()[-1])
+    exports = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [e["pid"] for e in exports] == [parent, parent]  # torchmon.flush(), then exit
+    assert exports[0]["points"] == [["s.count", 500.0], ["s.p50", 1.0], ["s", 500]]

@@ -165,7 +165,7 @@ fn contended<T: Send + Sync + 'static>(
 
 fn two_threads(c: &mut Criterion) {
     let mut g = c.benchmark_group("add, 2 threads on one Stat, 5 aggregations");
-    let stat = Arc::new(Stat::new(&ALL, HOUR_MS, i64::MAX));
+    let stat = Stat::new(&ALL, HOUR_MS, i64::MAX);
     g.bench_function("Stat::add_at (lock-free)", |b| {
         b.iter_custom(|iters| {
             contended(Arc::clone(&stat), 2, iters, |s, v| {

@@ -51,7 +51,7 @@ fn hammer(
 #[test]
 fn rolling_windows_lose_and_double_count_nothing() {
     const ADDS: u64 = 60_000; // a multiple of 4, for thread 3's batches
-    let stat = Arc::new(Stat::new(&[Sum, Count, Min, Max, Value], 3, i64::MAX));
+    let stat = Stat::new(&[Sum, Count, Min, Max, Value], 3, i64::MAX);
     // Thread 0 moves the clock on; the others read it, so adds race every
     // boundary, and some read a time that a close has already left behind.
     let clock = Arc::new(AtomicI64::new(0));
@@ -97,7 +97,7 @@ fn max_samples_keeps_exactly_that_many_per_window() {
     const ROUNDS: i64 = 200;
     const ADDS_PER_ROUND: u64 = 300;
     const MAX: u64 = 37;
-    let stat = Arc::new(Stat::new(&[Sum, Count], 10, MAX as i64));
+    let stat = Stat::new(&[Sum, Count], 10, MAX as i64);
     let barrier = Arc::new(Barrier::new(THREADS as usize));
     let emitted = hammer(&stat, move |t, stat, emitted| {
         for round in 0..ROUNDS {
@@ -128,7 +128,7 @@ fn max_samples_keeps_exactly_that_many_per_window() {
 #[test]
 fn concurrent_readers_never_see_a_torn_window() {
     const ADDS: u64 = 40_000;
-    let stat = Arc::new(Stat::new(&[Sum, Count, Max], 2, 64));
+    let stat = Stat::new(&[Sum, Count, Max], 2, 64);
     let clock = Arc::new(AtomicI64::new(0));
     let shared = Arc::clone(&clock);
     let emitted = hammer(&stat, move |t, stat, emitted| {
@@ -160,11 +160,7 @@ fn histograms_and_shifted_sums_lose_and_double_count_nothing() {
     use torchmon_core::aggregation::Aggregation::{P50, P999, Stddev};
     use torchmon_core::histogram::bucket_index;
     const ADDS: u64 = 40_000;
-    let stat = Arc::new(Stat::new(
-        &[Sum, Count, Min, Max, Stddev, P50, P999],
-        3,
-        500,
-    ));
+    let stat = Stat::new(&[Sum, Count, Min, Max, Stddev, P50, P999], 3, 500);
     let clock = Arc::new(AtomicI64::new(0));
     let shared = Arc::clone(&clock);
     // Every thread adds the same cycle of 97 values over many octaves, both

@@ -487,6 +487,7 @@ class OpenTelemetryEventHandler(ClosesOnExit):
         "_histograms",
         "_lock",
         "_meter",
+        "_owner_pid",
         "_provider",
         "_sources",
     )
@@ -557,6 +558,10 @@ class OpenTelemetryEventHandler(ClosesOnExit):
         self._sources: dict[str, tuple[str, bool]] = {}
         self._lock = new_lock()
         self._closed = False
+        # A forked child inherits the provider with the parent's gauges and
+        # histograms, but not its exporting thread: exporting them from the
+        # child would send the parent's data twice (docs/sinks.md).
+        self._owner_pid = os.getpid()
         self._at_exit: Callable[[], None] | None = None
         if self._provider is not None:
             _register_flushable(self)
@@ -726,7 +731,7 @@ class OpenTelemetryEventHandler(ClosesOnExit):
             return self._gauges[name.lower()]
 
     def __call__(self, event: Event) -> None:
-        if event.name != STAT_EVENT or self._closed:
+        if event.name != STAT_EVENT or self._closed or self._inherited():
             return
         # finite_only: the SDK would drop NaN and the infinities, logging a warning each time.
         set_numeric_values(event.data, self._gauge, self._set, finite_only=True)
@@ -742,6 +747,11 @@ class OpenTelemetryEventHandler(ClosesOnExit):
             self._claim(name, stat, True)
         histograms.add(name, f"torchmon Stat {stat!r}, distribution of its samples", distribution)
 
+    def _inherited(self) -> bool:
+        """Whether this is a forked child's copy of a handler with its own
+        exporter: it neither records nor exports (the parent does both)."""
+        return self._provider is not None and os.getpid() != self._owner_pid
+
     def _set(self, gauge: Gauge, value: float) -> None:
         gauge.set(value, attributes=self._attributes)
 
@@ -749,7 +759,7 @@ class OpenTelemetryEventHandler(ClosesOnExit):
         """Exports now (with an exporter; otherwise nothing to do): what the
         gauges hold and the histograms. ``torchmon.flush()`` calls it after
         the Stats' open windows reached this handler."""
-        if self._provider is not None and not self._closed:
+        if self._provider is not None and not self._closed and not self._inherited():
             self._provider.force_flush(timeout_millis=timeout * 1000.0)
 
     def close(self) -> None:
@@ -762,7 +772,7 @@ class OpenTelemetryEventHandler(ClosesOnExit):
         if self._at_exit is not None:
             atexit.unregister(self._at_exit)
             self._at_exit = None
-        if self._provider is not None:
+        if self._provider is not None and not self._inherited():
             # The reader's shutdown collects once more only if it has an
             # exporting thread: export_interval=math.inf has none.
             self._provider.force_flush()

@@ -216,10 +216,12 @@ fn phase_of(head: u64) -> usize {
 
 impl Stat {
     /// `window_ms` must be at least 1; `max_samples` below 1 behaves like 1.
-    pub fn new(aggregations: &[Aggregation], window_ms: i64, max_samples: i64) -> Self {
+    /// The Stat is shared so that a forked child can find it and empty the
+    /// window it inherited (`fork::after_fork_in_child`).
+    pub fn new(aggregations: &[Aggregation], window_ms: i64, max_samples: i64) -> Arc<Self> {
         assert!(window_ms >= 1, "window_ms must be positive");
         let needs = Needs::of(aggregations);
-        Stat {
+        let stat = Arc::new(Stat {
             window_ms,
             max_samples: (max_samples.max(1) as u64).min(MAX_SAMPLES_CAP),
             needs,
@@ -230,7 +232,37 @@ impl Stat {
                 prev: WindowStats::EMPTY,
                 closed_id: NO_WINDOW,
             }),
+        });
+        #[cfg(not(loom))]
+        crate::fork::track(&stat);
+        stat
+    }
+
+    /// In a forked child (`fork::after_fork_in_child`, one thread): empties
+    /// the open window, which holds the parent's samples, so that the child
+    /// emits only what it adds itself. The window stays open, empty and
+    /// accepting samples even if the parent had filled it to `max_samples`;
+    /// `get()` still reports the last window the parent closed. Returns
+    /// whether samples were discarded. A Stat whose lock a vanished parent
+    /// thread held is left as it is.
+    #[cfg(not(loom))]
+    pub fn reset_after_fork(&self) -> bool {
+        let Some(mut locked) = self.locked.try_lock() else {
+            return false;
+        };
+        let head = self.head.load(Ordering::Relaxed);
+        let had_samples = self.count() > 0;
+        // A writer that had claimed a slot when the parent forked never
+        // finishes here: clearing both buffers (`take` zeroes `finished`)
+        // also spares the next close from waiting for it.
+        for phase in &self.phases {
+            drop(phase.take(0));
         }
+        self.head.store(head & PHASE_BIT, Ordering::Release);
+        // Only `closed_id == cur_id` (the parent filled the window) matters:
+        // it would drop the child's samples as if the child had filled it.
+        locked.closed_id = NO_WINDOW;
+        had_samples
     }
 
     pub fn window_ms(&self) -> i64 {

@@ -170,7 +170,7 @@ fn threads_lose_and_double_count_nothing_across_boundaries() {
     const THREADS: usize = 4;
     const ADDS: usize = 50_000;
     for max_samples in [i64::MAX, 7] {
-        let stat = Arc::new(Stat::new(&[Sum, Count], 3, max_samples));
+        let stat = Stat::new(&[Sum, Count], 3, max_samples);
         let clock = Arc::new(Clock::new(0));
         let handles: Vec<_> = (0..THREADS)
             .map(|t| {
@@ -529,4 +529,69 @@ fn quantiles_are_computed_at_close_from_the_accepted_samples() {
     stat.add_at(f64::NAN, 0);
     assert!(windows(stat.add_at(1.0, HOUR))[0].get(P50).is_nan());
     assert_eq!(WindowStats::EMPTY.get(P99), 0.0);
+}
+
+/// docs/reliability.md, "fork": a forked child's Stat starts with an empty
+/// window; what it adds is emitted once, without the parent's samples.
+#[test]
+fn reset_after_fork_empties_the_open_window_and_keeps_it_usable() {
+    let s = Stat::new(&TWELVE, HOUR, i64::MAX);
+    for _ in 0..500 {
+        s.add_at(2.0, 10);
+    }
+    assert!(s.reset_after_fork());
+    assert_eq!(s.count(), 0);
+    assert!(
+        s.flush().is_none(),
+        "the parent's samples were emitted again"
+    );
+    s.add_at(7.0, 11);
+    s.add_at(9.0, 12);
+    let closed = windows(s.add_at(1.0, HOUR + 1));
+    assert_eq!(closed.len(), 1);
+    let w = &closed[0];
+    assert_eq!(
+        (w.count, w.sum, w.min, w.max, w.last),
+        (2, 16.0, 7.0, 9.0, 9.0)
+    );
+    assert_eq!(w.distribution.as_ref().map(|d| d.count), Some(2));
+}
+
+#[test]
+fn reset_after_fork_keeps_the_last_closed_window_for_get() {
+    let s = Stat::new(&ALL, 10, i64::MAX);
+    s.add_at(3.0, 0);
+    s.add_at(4.0, 10); // closes window 0 (sum 3)
+    assert!(s.reset_after_fork());
+    assert_eq!(s.last_closed().sum, 3.0);
+    assert!(!s.reset_after_fork(), "nothing left to discard");
+}
+
+#[test]
+fn a_window_the_parent_filled_accepts_the_childs_samples() {
+    let s = Stat::new(&ALL, HOUR, 2);
+    s.add_at(1.0, 5);
+    assert_eq!(windows(s.add_at(1.0, 5)).len(), 1); // full: the rest is dropped
+    s.add_at(1.0, 5);
+    assert_eq!(s.count(), 0);
+    s.reset_after_fork();
+    s.add_at(5.0, 6);
+    assert_eq!(s.count(), 1);
+    let closed = windows(s.add_at(6.0, 6));
+    assert_eq!(closed.len(), 1);
+    assert_eq!((closed[0].count, closed[0].sum), (2, 11.0));
+}
+
+#[test]
+fn a_writer_stranded_by_the_fork_does_not_block_the_childs_closes() {
+    let s = Stat::new(&ALL, 10, i64::MAX);
+    s.add_at(1.0, 0);
+    // A parent thread claimed a slot and was copied into the child before it
+    // finished it: a close would wait for it for ever.
+    s.head.fetch_add(1, Ordering::AcqRel);
+    s.reset_after_fork();
+    s.add_at(2.0, 1);
+    let closed = windows(s.add_at(3.0, 10));
+    assert_eq!(closed.len(), 1);
+    assert_eq!((closed[0].count, closed[0].sum), (1, 2.0));
 }
