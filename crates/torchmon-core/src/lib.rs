@@ -11,6 +11,7 @@ pub mod aggregation;
 pub mod clock;
 pub mod exit_gate;
 pub mod histogram;
+pub mod prometheus;
 pub mod registry;
 pub mod stat;
 mod sync;
