@@ -274,6 +274,22 @@ impl Exposition {
         }
     }
 
+    /// The gauge `name`, if `set_gauge` made one.
+    pub fn gauge_mut(&mut self, name: &str) -> Option<&mut f64> {
+        match &mut self.families[*self.by_name.get(name)?].value {
+            Value::Gauge(value) => Some(value),
+            Value::Histogram(_) => None,
+        }
+    }
+
+    /// The histogram `name`, if `histogram` made one.
+    pub fn histogram_mut(&mut self, name: &str) -> Option<&mut Cumulative> {
+        match &mut self.families[*self.by_name.get(name)?].value {
+            Value::Histogram(histogram) => Some(histogram),
+            Value::Gauge(_) => None,
+        }
+    }
+
     pub fn len(&self) -> usize {
         self.families.len()
     }
