@@ -205,7 +205,7 @@ class PrometheusEventHandler(ClosesOnExit):
             classic = (self._layout.shift, self._layout.first, self._layout.uppers)
         # The cumulative state a protobuf scrape renders, in Rust.
         self._native = _PrometheusExposition(list(self._labels.items()), max_buckets, classic)
-        _LIVE_EXPOSITIONS.add(self._native)
+        _LIVE_HANDLERS.add(self)
         # metric name -> its histogram, created at the first window that has one.
         self._histograms: dict[str, _DistributionHistogram] = {}
         self._registry = registry
@@ -439,13 +439,22 @@ class PrometheusEventHandler(ClosesOnExit):
 
 # --- serving ----------------------------------------------------------------------
 
-# Every handler's native state, reset in a forked child (see _after_fork_in_child).
-_LIVE_EXPOSITIONS: weakref.WeakSet[_PrometheusExposition] = weakref.WeakSet()
+# Every live handler, whose native state a forked child resets.
+_LIVE_HANDLERS: weakref.WeakSet[PrometheusEventHandler] = weakref.WeakSet()
 
 
 def _reset_expositions_in_child() -> None:
-    for exposition in list(_LIVE_EXPOSITIONS):
-        exposition._after_fork_in_child()
+    """A forked child's handlers get a new, empty native state (the parent's
+    may have been copied locked by a render on a server thread, which the
+    child does not have), with the metrics they had declared, so that its
+    own windows count from zero (docs/sinks.md, "Native histograms"). Runs
+    after _forksafe's hook has released the sinks' locks."""
+    for sink in list(_LIVE_HANDLERS):
+        sink._native._after_fork_in_child()
+        for name, (_, native_name) in sink._children.items():
+            sink._native.declare_gauge(native_name, stat_description(sink._sources[name]))
+        for name, histogram in sink._histograms.items():
+            sink._native.declare_histogram(name, histogram._help())
 
 
 os.register_at_fork(after_in_child=_reset_expositions_in_child)
