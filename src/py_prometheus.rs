@@ -13,19 +13,35 @@ use torchmon_core::prometheus::{ClassicLayout, Exposition};
 
 /// The outer lock is only ever taken while attached to Python and held for
 /// an `Arc` clone or swap, so on GIL builds no thread holds it at a fork.
-/// The inner one is held by a scrape's render, detached from Python: a fork
-/// may copy it locked, which is why a forked child gets a new inner state
-/// (`_after_fork_in_child`).
+/// The exposition's own locks are taken by a scrape's render, detached from
+/// Python: a fork may copy one locked, which is why a forked child gets a
+/// new exposition (`_after_fork_in_child`).
 #[pyclass(module = "torchmon._core", frozen, weakref)]
 pub struct _PrometheusExposition {
-    state: Mutex<Arc<Mutex<Exposition>>>,
+    state: Mutex<Arc<Shared>>,
     closed: AtomicBool,
     /// The constructor's arguments, for the child's new state.
     config: (Vec<(String, String)>, usize, Option<ClassicLayout>),
 }
 
+struct Shared {
+    exposition: Exposition,
+    /// Held across a render and by close(), so that a render completes
+    /// before a close or sees it.
+    closing: Mutex<()>,
+}
+
+impl Shared {
+    fn new(exposition: Exposition) -> Arc<Shared> {
+        Arc::new(Shared {
+            exposition,
+            closing: Mutex::new(()),
+        })
+    }
+}
+
 impl _PrometheusExposition {
-    fn state(&self) -> Arc<Mutex<Exposition>> {
+    fn state(&self) -> Arc<Shared> {
         self.state.lock().clone()
     }
 }
@@ -68,11 +84,11 @@ impl _PrometheusExposition {
         });
         let config = (labels, max_buckets, classic);
         _PrometheusExposition {
-            state: Mutex::new(Arc::new(Mutex::new(Exposition::new(
+            state: Mutex::new(Shared::new(Exposition::new(
                 config.0.clone(),
                 config.1,
                 config.2.clone(),
-            )))),
+            ))),
             closed: AtomicBool::new(false),
             config,
         }
@@ -80,32 +96,23 @@ impl _PrometheusExposition {
 
     /// Creates the gauge `name` (a no-op if it exists).
     fn declare_gauge(&self, name: &str, help: &str) -> PyResult<()> {
-        let state = self.state();
-        let mut exposition = state.lock();
-        if exposition.gauge_mut(name).is_some() {
-            return Ok(());
-        }
-        exposition
-            .set_gauge(name, help, 0.0)
+        self.state()
+            .exposition
+            .declare(name, help, false)
             .map_err(|_| clash(name))
     }
 
     /// Creates the histogram `name` (a no-op if it exists).
     fn declare_histogram(&self, name: &str, help: &str) -> PyResult<()> {
-        let state = self.state();
-        let mut exposition = state.lock();
-        exposition
-            .histogram(name, help)
-            .map(|_| ())
+        self.state()
+            .exposition
+            .declare(name, help, true)
             .map_err(|_| clash(name))
     }
 
     /// Sets a declared gauge; an undeclared name is ignored.
     fn set_gauge(&self, name: &str, value: f64) {
-        let state = self.state();
-        if let Some(gauge) = state.lock().gauge_mut(name) {
-            *gauge = value;
-        }
+        self.state().exposition.set_gauge(name, value);
     }
 
     /// Adds a window's `torchmon.Distribution` to a declared histogram; an
@@ -117,10 +124,9 @@ impl _PrometheusExposition {
         let negative_inf: u64 = distribution.getattr("negative_inf_count")?.extract()?;
         let positive = bucket_pairs(&distribution.getattr("positive")?)?;
         let negative = bucket_pairs(&distribution.getattr("negative")?)?;
-        let state = self.state();
-        if let Some(histogram) = state.lock().histogram_mut(name) {
+        self.state().exposition.update_histogram(name, |histogram| {
             histogram.add_window(sum, zero, positive_inf, negative_inf, positive, negative);
-        }
+        });
         Ok(())
     }
 
@@ -130,14 +136,12 @@ impl _PrometheusExposition {
     fn render_protobuf<'py>(&self, py: Python<'py>) -> Option<Bound<'py, PyBytes>> {
         let state = self.state();
         let body = py.detach(|| {
-            let exposition = state.lock();
-            // Checked under the lock close() takes: a render either
-            // completes before the close or sees it.
+            let _not_closing = state.closing.lock();
             if self.closed.load(Ordering::Acquire) {
                 return None;
             }
-            let mut body = Vec::with_capacity(256 * exposition.len());
-            exposition.encode_protobuf(&mut body);
+            let mut body = Vec::with_capacity(256 * state.exposition.len());
+            state.exposition.encode_protobuf(&mut body);
             Some(body)
         })?;
         Some(PyBytes::new(py, &body))
@@ -147,7 +151,7 @@ impl _PrometheusExposition {
     fn close(&self, py: Python<'_>) {
         let state = self.state();
         py.detach(|| {
-            let _exposition = state.lock();
+            let _no_render = state.closing.lock();
             self.closed.store(true, Ordering::Release);
         });
     }
@@ -163,6 +167,6 @@ impl _PrometheusExposition {
     fn _after_fork_in_child(&self) {
         let (labels, max_buckets, classic) = &self.config;
         let fresh = Exposition::new(labels.clone(), *max_buckets, classic.clone());
-        *self.state.lock() = Arc::new(Mutex::new(fresh));
+        *self.state.lock() = Shared::new(fresh);
     }
 }

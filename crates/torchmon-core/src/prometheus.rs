@@ -12,6 +12,9 @@
 //! bytes with protobuf's own Python runtime and with a real Prometheus.
 
 use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+
+use parking_lot::Mutex;
 
 use crate::histogram::{MAX_INDEX, MIN_INDEX, SCALE};
 
@@ -202,17 +205,26 @@ struct Family {
     value: Value,
 }
 
-/// A handler's metrics: gauges and histograms in the order first seen,
-/// every one with the handler's constant labels.
+#[derive(Default)]
+struct Families {
+    list: Vec<Arc<Mutex<Family>>>,
+    by_name: HashMap<String, usize>,
+}
+
+/// A handler's metrics: gauges and histograms in the order first declared,
+/// every one with the handler's constant labels. Each metric has a lock of
+/// its own, and a render holds one only while it encodes that metric, so a
+/// window folded in during a scrape waits for one metric's encoding at
+/// most, never for the whole render; the list's lock is held for a lookup
+/// or a copy of the list.
 pub struct Exposition {
     labels: Vec<(String, String)>,
     max_buckets: usize,
     classic: Option<ClassicLayout>,
-    families: Vec<Family>,
-    by_name: HashMap<String, usize>,
+    families: Mutex<Families>,
 }
 
-/// `Exposition::family`'s refusal: the name is taken by the other kind.
+/// `Exposition::declare`'s refusal: the name is taken by the other kind.
 #[derive(Debug, PartialEq, Eq)]
 pub struct KindClash;
 
@@ -228,89 +240,93 @@ impl Exposition {
             labels,
             max_buckets: max_buckets.max(1),
             classic,
-            families: Vec::new(),
-            by_name: HashMap::new(),
+            families: Mutex::new(Families::default()),
         }
     }
 
-    fn family(&mut self, name: &str, help: &str, histogram: bool) -> Result<&mut Value, KindClash> {
-        let index = match self.by_name.get(name) {
-            Some(&index) => index,
-            None => {
-                self.families.push(Family {
-                    name: name.to_owned(),
-                    help: help.to_owned(),
-                    value: if histogram {
-                        Value::Histogram(Box::default())
-                    } else {
-                        Value::Gauge(0.0)
-                    },
-                });
-                self.by_name
-                    .insert(name.to_owned(), self.families.len() - 1);
-                self.families.len() - 1
-            }
+    /// Creates the gauge (`histogram` false, value 0) or the histogram
+    /// `name` with `help`; a no-op if it exists with that kind.
+    pub fn declare(&self, name: &str, help: &str, histogram: bool) -> Result<(), KindClash> {
+        let mut families = self.families.lock();
+        if let Some(&index) = families.by_name.get(name) {
+            let is_histogram = matches!(families.list[index].lock().value, Value::Histogram(_));
+            return if is_histogram == histogram {
+                Ok(())
+            } else {
+                Err(KindClash)
+            };
+        }
+        let value = if histogram {
+            Value::Histogram(Box::default())
+        } else {
+            Value::Gauge(0.0)
         };
-        let value = &mut self.families[index].value;
-        match (value, histogram) {
-            (value @ Value::Gauge(_), false) | (value @ Value::Histogram(_), true) => Ok(value),
-            _ => Err(KindClash),
-        }
-    }
-
-    /// Sets the gauge `name`, created with `help` on first sight.
-    pub fn set_gauge(&mut self, name: &str, help: &str, value: f64) -> Result<(), KindClash> {
-        if let Value::Gauge(gauge) = self.family(name, help, false)? {
-            *gauge = value;
-        }
+        families.list.push(Arc::new(Mutex::new(Family {
+            name: name.to_owned(),
+            help: help.to_owned(),
+            value,
+        })));
+        let index = families.list.len() - 1;
+        families.by_name.insert(name.to_owned(), index);
         Ok(())
     }
 
-    /// The histogram `name`, created with `help` on first sight.
-    pub fn histogram(&mut self, name: &str, help: &str) -> Result<&mut Cumulative, KindClash> {
-        match self.family(name, help, true)? {
-            Value::Histogram(histogram) => Ok(histogram),
-            Value::Gauge(_) => Err(KindClash),
+    fn find(&self, name: &str) -> Option<Arc<Mutex<Family>>> {
+        let families = self.families.lock();
+        families
+            .by_name
+            .get(name)
+            .map(|&index| families.list[index].clone())
+    }
+
+    /// Sets the declared gauge `name`; false if there is none.
+    pub fn set_gauge(&self, name: &str, value: f64) -> bool {
+        match self.find(name) {
+            Some(family) => match &mut family.lock().value {
+                Value::Gauge(gauge) => {
+                    *gauge = value;
+                    true
+                }
+                Value::Histogram(_) => false,
+            },
+            None => false,
         }
     }
 
-    /// The gauge `name`, if `set_gauge` made one.
-    pub fn gauge_mut(&mut self, name: &str) -> Option<&mut f64> {
-        match &mut self.families[*self.by_name.get(name)?].value {
-            Value::Gauge(value) => Some(value),
-            Value::Histogram(_) => None,
-        }
-    }
-
-    /// The histogram `name`, if `histogram` made one.
-    pub fn histogram_mut(&mut self, name: &str) -> Option<&mut Cumulative> {
-        match &mut self.families[*self.by_name.get(name)?].value {
-            Value::Histogram(histogram) => Some(histogram),
-            Value::Gauge(_) => None,
+    /// Runs `update` on the declared histogram `name`; false if there is none.
+    pub fn update_histogram(&self, name: &str, update: impl FnOnce(&mut Cumulative)) -> bool {
+        match self.find(name) {
+            Some(family) => match &mut family.lock().value {
+                Value::Histogram(histogram) => {
+                    update(histogram);
+                    true
+                }
+                Value::Gauge(_) => false,
+            },
+            None => false,
         }
     }
 
     pub fn len(&self) -> usize {
-        self.families.len()
+        self.families.lock().list.len()
     }
 
     pub fn is_empty(&self) -> bool {
-        self.families.is_empty()
+        self.len() == 0
     }
 
     /// Every metric family as length-delimited `io.prometheus.client.MetricFamily`
     /// messages (`application/vnd.google.protobuf;
     /// proto=io.prometheus.client.MetricFamily; encoding=delimited`).
     pub fn encode_protobuf(&self, out: &mut Vec<u8>) {
+        let list = self.families.lock().list.clone();
         let mut family_bytes = Vec::new();
         let mut metric = Vec::new();
         let mut scratch = Vec::new();
-        for family in &self.families {
+        for family in list {
             family_bytes.clear();
             metric.clear();
             let mut f = Encoder(&mut family_bytes);
-            f.bytes(1, family.name.as_bytes());
-            f.bytes(2, family.help.as_bytes());
             let mut m = Encoder(&mut metric);
             for (name, value) in &self.labels {
                 scratch.clear();
@@ -319,18 +335,23 @@ impl Exposition {
                 pair.bytes(2, value.as_bytes());
                 m.bytes(1, &scratch);
             }
-            match &family.value {
-                Value::Gauge(value) => {
-                    f.varint(3, 1); // GAUGE
-                    scratch.clear();
-                    Encoder(&mut scratch).double_always(1, *value);
-                    m.bytes(2, &scratch);
-                }
-                Value::Histogram(cumulative) => {
-                    f.varint(3, 4); // HISTOGRAM
-                    scratch.clear();
-                    self.encode_histogram(cumulative, &mut scratch);
-                    m.bytes(7, &scratch);
+            {
+                let family = family.lock();
+                f.bytes(1, family.name.as_bytes());
+                f.bytes(2, family.help.as_bytes());
+                match &family.value {
+                    Value::Gauge(value) => {
+                        f.varint(3, 1); // GAUGE
+                        scratch.clear();
+                        Encoder(&mut scratch).double_always(1, *value);
+                        m.bytes(2, &scratch);
+                    }
+                    Value::Histogram(cumulative) => {
+                        f.varint(3, 4); // HISTOGRAM
+                        scratch.clear();
+                        self.encode_histogram(cumulative, &mut scratch);
+                        m.bytes(7, &scratch);
+                    }
                 }
             }
             f.bytes(4, &metric);
@@ -571,11 +592,17 @@ mod tests {
 
     #[test]
     fn kinds_do_not_share_a_name() {
-        let mut e = Exposition::new(vec![], 160, None);
-        e.set_gauge("a", "h", 1.0).unwrap();
-        assert_eq!(e.histogram("a", "h").err(), Some(KindClash));
-        e.histogram("b", "h").unwrap();
-        assert_eq!(e.set_gauge("b", "h", 1.0), Err(KindClash));
+        let e = Exposition::new(vec![], 160, None);
+        e.declare("a", "h", false).unwrap();
+        assert_eq!(e.declare("a", "h", true), Err(KindClash));
+        e.declare("b", "h", true).unwrap();
+        e.declare("b", "h", true).unwrap();
+        assert_eq!(e.declare("b", "h", false), Err(KindClash));
+        assert!(e.set_gauge("a", 1.0));
+        assert!(!e.set_gauge("b", 1.0));
+        assert!(!e.set_gauge("c", 1.0));
+        assert!(e.update_histogram("b", |c| c.add_window(1.0, 0, 0, 0, [(0, 1)], [])));
+        assert!(!e.update_histogram("a", |_| ()));
         assert_eq!(e.len(), 2);
     }
 
