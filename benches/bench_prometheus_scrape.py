@@ -101,12 +101,14 @@ def part_one(repeats: int) -> None:
         sink = handler_with(stats)
         for label, accept in (("text", "text/plain"), ("protobuf", PROTOBUF_ACCEPT)):
 
-            def render(accept: str = accept) -> bytes:
+            def render(accept: str = accept, sink: torchmon.PrometheusEventHandler = sink) -> bytes:
                 rendered = sink.render(accept)
                 assert rendered is not None
                 return rendered[1]
 
-            median, best, size = cpu_per_call(render, repeats if stats == 200 else max(3, repeats // 3))
+            median, best, size = cpu_per_call(
+                render, repeats if stats == 200 else max(3, repeats // 3)
+            )
             print(
                 f"| torchmon {label}, {stats} distribution Stats | {median * 1e3:.2f} | "
                 f"{best * 1e3:.2f} | {size:,} | {peer[0] / median:.1f} × cheaper |"

@@ -17,7 +17,7 @@ import threading
 import urllib.error
 import urllib.request
 from collections import Counter
-from datetime import datetime, timedelta
+from datetime import datetime
 from fractions import Fraction
 from typing import Any
 
@@ -25,7 +25,6 @@ import pytest
 from dist_samples import from_samples
 from prometheus_proto import METRIC_TYPES, bucket_counts, decode_delimited
 
-import torchmon
 from torchmon import STAT_EVENT, Event, PrometheusEventHandler
 
 prometheus_client = pytest.importorskip("prometheus_client")
@@ -106,7 +105,7 @@ def test_a_distribution_is_one_native_histogram_with_exact_negative_buckets() ->
     (metric,) = family.metric
     assert [(pair.name, pair.value) for pair in metric.label] == [("rank", "3")]
     h = metric.histogram
-    everything = rewards + [-0.25, 1e-300, -7.5]
+    everything = [*rewards, -0.25, 1e-300, -7.5]
     assert h.schema == 6
     assert h.zero_threshold == ZERO_THRESHOLD
     assert h.sample_count == len(everything)
@@ -188,9 +187,7 @@ def test_the_bucket_limit_halves_the_resolution_until_the_buckets_fit() -> None:
     assert len(positive) + len(negative) <= 40
     assert h.schema < 6
     # The counts are those of the coarser schema, exactly.
-    assert (Counter(positive), Counter(negative), h.zero_count) == native_counts(
-        samples, h.schema
-    )
+    assert (Counter(positive), Counter(negative), h.zero_count) == native_counts(samples, h.schema)
     # One schema finer would not have fit.
     finer_positive, finer_negative, _ = native_counts(samples, h.schema + 1)
     assert len(finer_positive) + len(finer_negative) > 40
@@ -228,9 +225,7 @@ def test_bad_options_are_named(options: dict[str, Any], error: type, message: st
 
 
 def scrape(port: int, accept: str) -> tuple[int, bytes]:
-    request = urllib.request.Request(
-        f"http://127.0.0.1:{port}/metrics", headers={"Accept": accept}
-    )
+    request = urllib.request.Request(f"http://127.0.0.1:{port}/metrics", headers={"Accept": accept})
     try:
         with urllib.request.urlopen(request, timeout=10) as response:
             return int(response.status), bytes(response.read())
@@ -305,7 +300,10 @@ def test_a_forked_child_starts_with_an_empty_native_state_and_can_use_it() -> No
         stat = torchmon.Stat("x", [torchmon.Aggregation.P50], timedelta(hours=1))
         stat.add_many([1.0, 2.0])
         del stat
-        accept = "application/vnd.google.protobuf;proto=io.prometheus.client.MetricFamily;encoding=delimited"
+        accept = (
+            "application/vnd.google.protobuf;proto=io.prometheus.client.MetricFamily;"
+            "encoding=delimited"
+        )
         def count():
             body = sink.render(accept)[1]
             return {

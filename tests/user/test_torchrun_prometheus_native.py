@@ -101,7 +101,9 @@ def job(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Job]:
             server.wait_for_scrapes_after(finished)
             yield Job(server.query, samples, time.monotonic() - started)
         finally:
-            pids = [int(p) for p in re.findall(r"\(pid (\d+)\)", log_path.read_text(errors="replace"))]
+            pids = [
+                int(p) for p in re.findall(r"\(pid (\d+)\)", log_path.read_text(errors="replace"))
+            ]
             if torchrun is not None:
                 stop_group(torchrun)
             for pid in pids:

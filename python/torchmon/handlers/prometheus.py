@@ -538,7 +538,7 @@ def _start_server(
         address_family = family
 
     class QuietHandler(WSGIRequestHandler):
-        def log_message(self, format: str, *args: Any) -> None:  # noqa: A002
+        def log_message(self, format: str, *args: Any) -> None:
             """No line on stderr per scrape."""
 
     httpd = make_server(host, port, app, Server, handler_class=QuietHandler)
