@@ -93,6 +93,7 @@ def wait_serving(ranks: list[subprocess.Popen[bytes]], timeout: float) -> None:
 
 def measure(tmp: Path, targets: list[str], native: bool, seconds: float) -> dict[str, float]:
     job = "native" if native else "classic"
+    (tmp / job).mkdir()
     with PrometheusServer(tmp / job, targets, job=job, native_histograms=native) as server:
         time.sleep(seconds)
         durations = [

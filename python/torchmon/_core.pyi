@@ -28,6 +28,7 @@ __all__ = [
     "Event",
     "EventHandlerHandle",
     "Stat",
+    "_PrometheusExposition",
     "_clock_ms",
     "_close_async_handlers_at_exit",
     "_close_exit_gate",
