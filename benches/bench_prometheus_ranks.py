@@ -38,7 +38,7 @@ RANK_SCRIPT = TESTS / "prometheus_light_rank.py"
 
 
 def self_metric(server: PrometheusServer, name: str) -> float:
-    with urllib.request.urlopen(server.api + "/metrics", timeout=10) as response:
+    with urllib.request.urlopen(server.api + "/metrics", timeout=120) as response:
         for line in response.read().decode().splitlines():
             if line.startswith(name + " ") or line.startswith(name + "{"):
                 return float(line.rsplit(" ", 1)[1])
