@@ -70,9 +70,11 @@ def _metric_family_class() -> Any:
                 field.type_name = f".io.prometheus.client.{type_name}"
     pool = descriptor_pool.DescriptorPool()
     pool.Add(file)
-    return message_factory.GetMessageClass(
-        pool.FindMessageTypeByName("io.prometheus.client.MetricFamily")
-    )
+    descriptor = pool.FindMessageTypeByName("io.prometheus.client.MetricFamily")
+    get_class = getattr(message_factory, "GetMessageClass", None)
+    if get_class is None:  # protobuf before 4.21
+        return message_factory.MessageFactory(pool).GetPrototype(descriptor)
+    return get_class(descriptor)
 
 
 MetricFamily = _metric_family_class()

@@ -8,6 +8,7 @@ timeouts, whatever happens."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -56,10 +57,10 @@ def job(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Job]:
     targets = [f"127.0.0.1:{port_base + rank}" for rank in range(RANKS)]
     log_path = tmp / "torchrun.log"
     truth_dir = tmp / "truth"
-    with (
-        PrometheusServer(tmp, targets, native_histograms=True) as server,
-        log_path.open("wb") as log,
-    ):
+    # An ExitStack, not a parenthesised with: the tests also run on Python 3.9.
+    with contextlib.ExitStack() as stack:
+        server = stack.enter_context(PrometheusServer(tmp, targets, native_histograms=True))
+        log = stack.enter_context(log_path.open("wb"))
         torchrun: subprocess.Popen[bytes] | None = None
         try:
             torchrun = subprocess.Popen(
