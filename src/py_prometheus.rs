@@ -76,14 +76,23 @@ impl _PrometheusExposition {
         labels: Vec<(String, String)>,
         max_buckets: usize,
         classic: Option<(u32, i32, Vec<f64>)>,
-    ) -> Self {
+    ) -> PyResult<Self> {
+        // The handler passes its layout; anything else is refused here
+        // rather than met as a panic in a render.
+        if let Some((shift, _, uppers)) = &classic
+            && (*shift > 6 || uppers.is_empty())
+        {
+            return Err(PyValueError::new_err(
+                "_PrometheusExposition(classic): shift must be 0 to 6 and the bounds not empty",
+            ));
+        }
         let classic = classic.map(|(shift, first, uppers)| ClassicLayout {
             shift,
             first,
             uppers,
         });
         let config = (labels, max_buckets, classic);
-        _PrometheusExposition {
+        Ok(_PrometheusExposition {
             state: Mutex::new(Shared::new(Exposition::new(
                 config.0.clone(),
                 config.1,
@@ -91,7 +100,7 @@ impl _PrometheusExposition {
             ))),
             closed: AtomicBool::new(false),
             config,
-        }
+        })
     }
 
     /// Creates the gauge `name` (a no-op if it exists).

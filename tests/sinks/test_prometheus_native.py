@@ -334,3 +334,13 @@ def test_a_forked_child_starts_with_an_empty_native_state_and_can_use_it() -> No
         timeout=60,
     )
     assert result.returncode == 0 and result.stdout.strip() == "ok", result.stderr
+
+
+@pytest.mark.parametrize("classic", [(7, 0, [1.0]), (4, 0, [])])
+def test_the_core_state_refuses_a_classic_layout_it_cannot_render(
+    classic: tuple[int, int, list[float]],
+) -> None:
+    from torchmon._core import _PrometheusExposition
+
+    with pytest.raises(ValueError, match=r"_PrometheusExposition\(classic\)"):
+        _PrometheusExposition([], 160, classic)

@@ -100,7 +100,9 @@ impl Cumulative {
             }
             if infinities > 0 {
                 match keyed.last_mut() {
-                    Some((key, count)) if *key == INFINITY_KEY => *count += infinities,
+                    Some((key, count)) if *key == INFINITY_KEY => {
+                        *count = count.saturating_add(infinities)
+                    }
                     _ => keyed.push((INFINITY_KEY, infinities)),
                 }
             }
@@ -131,18 +133,22 @@ impl Cumulative {
         let mut counts = vec![0u64; layout.uppers.len()];
         let top = counts.len() as i64 - 1;
         for (&index, &count) in &self.positive {
-            let j = i64::from(index >> layout.shift) - i64::from(layout.first);
-            if j <= top {
-                counts[j.max(0) as usize] += count;
+            let j = i64::from(index >> layout.shift.min(31)) - i64::from(layout.first);
+            if let Some(slot) = (j <= top)
+                .then(|| counts.get_mut(j.max(0) as usize))
+                .flatten()
+            {
+                *slot = slot.saturating_add(count);
             }
         }
-        let mut below = self.zero_count
-            + self.negative_inf_count
-            + self.negative.values().copied().sum::<u64>();
+        let mut below = self.negative.values().fold(
+            self.zero_count.saturating_add(self.negative_inf_count),
+            |a, &c| a.saturating_add(c),
+        );
         let mut out = Vec::with_capacity(counts.len() + 1);
         out.push((0.0, below));
         for (&le, count) in layout.uppers.iter().zip(counts) {
-            below += count;
+            below = below.saturating_add(count);
             out.push((le, below));
         }
         out
@@ -165,7 +171,7 @@ fn halve(buckets: &mut Vec<(i32, u64)>) {
         // ceil(key / 2), for negative keys too.
         let key = (key + 1) >> 1;
         match merged.last_mut() {
-            Some((last, total)) if *last == key => *total += count,
+            Some((last, total)) if *last == key => *total = total.saturating_add(count),
             _ => merged.push((key, count)),
         }
     }
