@@ -11,6 +11,7 @@ mod py_convert;
 mod py_entry_points;
 mod py_event;
 mod py_gil_cell;
+mod py_prometheus;
 mod py_registry;
 mod py_stat;
 
@@ -50,6 +51,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     )?)?;
     m.add_class::<EventHandlerHandle>()?;
     m.add_class::<Stat>()?;
+    m.add_class::<crate::py_prometheus::_PrometheusExposition>()?;
     m.add_function(wrap_pyfunction!(_close_async_handlers_at_exit, m)?)?;
     m.add_function(wrap_pyfunction!(_restart_async_handlers_after_fork, m)?)?;
     m.add_function(wrap_pyfunction!(_drain_async_handlers, m)?)?;

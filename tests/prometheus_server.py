@@ -81,9 +81,20 @@ def http_get_json(url: str) -> Any:
 class PrometheusServer:
     """``with PrometheusServer(tmp, targets) as server:`` a server on
     127.0.0.1 with its own TSDB under ``tmp``, scraping ``targets``
-    (``host:port``) as job ``job`` every second; stopped by pid on leaving."""
+    (``host:port``) as job ``job`` every second; stopped by pid on leaving.
+    ``native_histograms``: with the feature flag that makes Prometheus 2.x
+    ask for the protobuf format and ingest native histograms
+    (docs/sinks.md, "Native histograms")."""
 
-    def __init__(self, tmp: Path, targets: list[str], job: str = "torchrun") -> None:
+    def __init__(
+        self,
+        tmp: Path,
+        targets: list[str],
+        job: str = "torchrun",
+        *,
+        native_histograms: bool = False,
+        scrape_interval: str = "1s",
+    ) -> None:
         if PROMETHEUS is None:
             pytest.skip(SKIP_REASON)
         self.job = job
@@ -91,8 +102,8 @@ class PrometheusServer:
         config = tmp / "prometheus.yml"
         config.write_text(
             "global:\n"
-            "  scrape_interval: 1s\n"
-            "  scrape_timeout: 1s\n"
+            f"  scrape_interval: {scrape_interval}\n"
+            f"  scrape_timeout: {scrape_interval}\n"
             "scrape_configs:\n"
             f"  - job_name: {job}\n"
             "    static_configs:\n"
@@ -109,6 +120,7 @@ class PrometheusServer:
                 f"--config.file={config}",
                 f"--storage.tsdb.path={tmp / 'tsdb'}",
                 f"--web.listen-address=127.0.0.1:{port}",
+                *(["--enable-feature=native-histograms"] if native_histograms else []),
             ],
             stdin=subprocess.DEVNULL,
             stdout=self._log,

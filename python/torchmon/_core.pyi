@@ -1,6 +1,6 @@
 """Type stubs for torchmon's native core (torchmon._core)."""
 
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import date, datetime, time, timedelta
 from types import MappingProxyType, TracebackType
 from typing import ClassVar, Literal, TypeAlias, final
@@ -28,6 +28,7 @@ __all__ = [
     "Event",
     "EventHandlerHandle",
     "Stat",
+    "_PrometheusExposition",
     "_clock_ms",
     "_close_async_handlers_at_exit",
     "_close_exit_gate",
@@ -162,6 +163,24 @@ class AsyncEventHandler:
 
 @final
 class data_value_t: ...
+
+@final
+class _PrometheusExposition:
+    def __new__(
+        cls,
+        labels: Sequence[tuple[str, str]],
+        max_buckets: int,
+        classic: tuple[int, int, Sequence[float]] | None = None,
+    ) -> _PrometheusExposition: ...
+    def declare_gauge(self, name: str, help: str) -> None: ...
+    def declare_histogram(self, name: str, help: str) -> None: ...
+    def set_gauge(self, name: str, value: float) -> None: ...
+    def add_distribution(self, name: str, distribution: Distribution) -> None: ...
+    def render_protobuf(self) -> bytes | None: ...
+    def close(self) -> None: ...
+    @property
+    def closed(self) -> bool: ...
+    def _after_fork_in_child(self) -> None: ...
 
 def log_event(event: Event) -> None: ...
 def register_event_handler(callback: Callable[[Event], object]) -> EventHandlerHandle: ...

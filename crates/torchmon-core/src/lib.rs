@@ -14,6 +14,7 @@ pub mod exit_gate;
 #[cfg(not(loom))]
 pub mod fork;
 pub mod histogram;
+pub mod prometheus;
 pub mod registry;
 pub mod stat;
 mod sync;

@@ -9,11 +9,14 @@ from __future__ import annotations
 
 import errno
 import math
+import os
 import re
-from collections.abc import Mapping
+import socket
+import weakref
+from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any, Callable
 
-from .._core import STAT_EVENT, Event
+from .._core import STAT_EVENT, Event, _PrometheusExposition
 from .._forksafe import new_lock
 from ._common import ClosesOnExit, check_mapping, require, set_numeric_values, stat_description
 
@@ -25,7 +28,20 @@ if TYPE_CHECKING:
 
     from .._distribution import Distribution
 
-__all__ = ["DEFAULT_HISTOGRAM_RANGE", "PrometheusEventHandler", "prometheus_metric_name"]
+__all__ = [
+    "DEFAULT_HISTOGRAM_RANGE",
+    "PROTOBUF_CONTENT_TYPE",
+    "PrometheusEventHandler",
+    "prometheus_metric_name",
+]
+
+# What a scraper that asks for the Prometheus protobuf format gets
+# (docs/sinks.md, "Native histograms").
+PROTOBUF_CONTENT_TYPE = (
+    "application/vnd.google.protobuf; proto=io.prometheus.client.MetricFamily; encoding=delimited"
+)
+# OpenTelemetry's default max_size for an exponential histogram.
+DEFAULT_NATIVE_HISTOGRAM_MAX_BUCKETS = 160
 
 _METRIC_NAME = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*\Z")
 _LABEL_NAME = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*\Z")
@@ -100,6 +116,18 @@ class PrometheusEventHandler(ClosesOnExit):
       every rank from the first scrape, whatever the data, so that
       ``sum by (le)`` across ranks adds like with like. See
       :class:`_HistogramLayout` and docs/sinks.md ("Prometheus").
+    - ``native_histogram_max_buckets``: the bucket limit of each native
+      histogram in a protobuf scrape (default 160); above it the resolution
+      is halved until the buckets fit (docs/sinks.md, "Native histograms").
+    - ``protobuf_classic_buckets``: also put the classic ``le`` buckets into
+      the protobuf body (for a migration: Prometheus then keeps both
+      series; default ``False``).
+
+    A scraper that asks for ``application/vnd.google.protobuf`` (Prometheus
+    with native histograms enabled) gets every distribution as one native
+    histogram of the same name, rendered in Rust without the GIL; any other
+    gets the classic text exposition. :meth:`serve` negotiates this, and
+    :meth:`wsgi_app` serves it from a user's own server.
 
     A metric name belongs to one handler per registry: a name that is already
     registered there (by another handler or collector) raises ``ValueError``
@@ -110,6 +138,7 @@ class PrometheusEventHandler(ClosesOnExit):
     """
 
     __slots__ = (
+        "__weakref__",
         "_children",
         "_closed",
         "_gauges",
@@ -117,6 +146,7 @@ class PrometheusEventHandler(ClosesOnExit):
         "_labels",
         "_layout",
         "_lock",
+        "_native",
         "_prefix",
         "_registry",
         "_server",
@@ -131,6 +161,8 @@ class PrometheusEventHandler(ClosesOnExit):
         labels: Mapping[str, str] | None = None,
         histogram_buckets_per_octave: int | None = 4,
         histogram_range: tuple[float, float] = DEFAULT_HISTOGRAM_RANGE,
+        native_histogram_max_buckets: int = DEFAULT_NATIVE_HISTOGRAM_MAX_BUCKETS,
+        protobuf_classic_buckets: bool = False,
     ) -> None:
         require(
             "PrometheusEventHandler",
@@ -162,12 +194,25 @@ class PrometheusEventHandler(ClosesOnExit):
         lo, hi = _check_range(histogram_range)
         # Computed once: every histogram of this handler has these bounds.
         self._layout = None if per_octave is None else _HistogramLayout(per_octave, lo, hi)
+        max_buckets = _check_max_buckets(native_histogram_max_buckets)
+        if not isinstance(protobuf_classic_buckets, bool):
+            raise TypeError(
+                "PrometheusEventHandler(protobuf_classic_buckets): must be a bool, "
+                f"not {type(protobuf_classic_buckets).__name__}"
+            )
+        classic = None
+        if protobuf_classic_buckets and self._layout is not None:
+            classic = (self._layout.shift, self._layout.first, self._layout.uppers)
+        # The cumulative state a protobuf scrape renders, in Rust.
+        self._native = _PrometheusExposition(list(self._labels.items()), max_buckets, classic)
+        _LIVE_HANDLERS.add(self)
         # metric name -> its histogram, created at the first window that has one.
         self._histograms: dict[str, _DistributionHistogram] = {}
         self._registry = registry
         self._prefix = prefix
         self._gauges: dict[str, Gauge] = {}  # metric name -> the gauge
-        self._children: dict[str, Gauge] = {}  # metric name -> what to set (labelled)
+        # metric name -> what to set: the labelled gauge, and the name in _native
+        self._children: dict[str, tuple[Gauge, str]] = {}
         self._sources: dict[str, str] = {}  # metric name -> the data key it was made for
         self._lock = new_lock()
         self._closed = False
@@ -192,7 +237,8 @@ class PrometheusEventHandler(ClosesOnExit):
         ``local_rank``, ``node``, ``job``); labels given replace those.
         ``port_base=0`` serves on a free port. ``.port`` is the port served;
         ``close()`` also stops the server and frees the port. A port that is
-        taken raises ``OSError`` (``errno.EADDRINUSE``) naming it.
+        taken raises ``OSError`` (``errno.EADDRINUSE``) naming it. The server
+        is :meth:`wsgi_app` on a thread per request.
         """
         import prometheus_client
 
@@ -221,9 +267,7 @@ class PrometheusEventHandler(ClosesOnExit):
             options["labels"] = info.labels()
         handler = cls(**options)
         try:
-            # A (server, thread) pair since prometheus_client 0.17, the
-            # version pyproject.toml requires.
-            server = prometheus_client.start_http_server(port, addr=host, registry=handler.registry)
+            server = _start_server(host, port, handler.wsgi_app())
         except OSError as exc:
             handler.close()
             if exc.errno == errno.EADDRINUSE:
@@ -239,6 +283,29 @@ class PrometheusEventHandler(ClosesOnExit):
             ) from None
         handler._server = server
         return handler
+
+    def render(self, accept: str | None = None) -> tuple[str, bytes] | None:
+        """The body of a scrape whose ``Accept`` header is ``accept``, with its
+        content type: protobuf when ``accept`` asks for
+        :data:`PROTOBUF_CONTENT_TYPE` at least as much as for any text
+        format, otherwise prometheus_client's text (OpenMetrics when asked
+        for). ``None`` once closed."""
+        if _accepts_protobuf(accept):
+            body = self._native.render_protobuf()
+            return None if body is None else (PROTOBUF_CONTENT_TYPE, body)
+        if self._native.closed:
+            return None
+        from prometheus_client.exposition import choose_encoder
+
+        encoder, content_type = choose_encoder(accept or "")
+        return content_type, encoder(self._registry)
+
+    def wsgi_app(self) -> Callable[[dict[str, Any], Any], Iterable[bytes]]:
+        """A WSGI application serving :meth:`render`'s body for the request's
+        ``Accept`` header on any path (as prometheus_client's), ``503`` once
+        the handler is closed: mount it in a user's own server
+        (docs/sinks.md, "Native histograms")."""
+        return _ScrapeApp(self)
 
     @property
     def port(self) -> int | None:
@@ -256,7 +323,7 @@ class PrometheusEventHandler(ClosesOnExit):
             httpd.server_close()
             thread.join(timeout=10)
 
-    def _gauge(self, key: str) -> Gauge:
+    def _gauge(self, key: str) -> tuple[Gauge, str]:
         """The (labelled) gauge for a data key, created on first sight; called with
         the lock held."""
         import prometheus_client
@@ -270,6 +337,7 @@ class PrometheusEventHandler(ClosesOnExit):
                     f"the metric name {name!r}"
                 )
             return self._children[name]
+        self._native.declare_gauge(name, stat_description(key))
         try:
             gauge = prometheus_client.Gauge(
                 name,
@@ -287,8 +355,12 @@ class PrometheusEventHandler(ClosesOnExit):
         self._sources[name] = key
         # The labelled child; positional values, so that a label may be named "self".
         child = gauge.labels(*self._labels.values()) if self._labels else gauge
-        self._children[name] = child
-        return child
+        self._children[name] = (child, name)
+        return self._children[name]
+
+    def _set_gauge(self, gauge: tuple[Gauge, str], value: float) -> None:
+        gauge[0].set(value)
+        self._native.set_gauge(gauge[1], value)
 
     def __call__(self, event: Event) -> None:
         if event.name != STAT_EVENT:
@@ -299,10 +371,10 @@ class PrometheusEventHandler(ClosesOnExit):
             data = event.data
             distribution = getattr(event, "distribution", None)
             if distribution is None or self._layout is None:
-                set_numeric_values(data, self._gauge, _set_gauge)
+                set_numeric_values(data, self._gauge, self._set_gauge)
                 return
             try:
-                set_numeric_values(data, self._gauge, _set_gauge)
+                set_numeric_values(data, self._gauge, self._set_gauge)
             finally:
                 # A gauge name clash must not lose the window's histogram.
                 self._observe(data, distribution)
@@ -335,10 +407,14 @@ class PrometheusEventHandler(ClosesOnExit):
                 ) from None
             self._histograms[name] = histogram
             self._sources[name] = f"{stat} (histogram)"
+            self._native.declare_histogram(name, histogram._help())
         histogram.add(distribution)
+        self._native.add_distribution(name, distribution)
 
     def close(self) -> None:
         """Unregisters this handler's gauges from the registry (a second call does nothing)."""
+        # First: a scrape from now on is a 503, one in progress completes.
+        self._native.close()
         with self._lock:
             self._closed = True
             gauges: list[Any] = list(self._gauges.values())
@@ -361,8 +437,116 @@ class PrometheusEventHandler(ClosesOnExit):
         )
 
 
-def _set_gauge(gauge: Gauge, value: float) -> None:
-    gauge.set(value)
+# --- serving ----------------------------------------------------------------------
+
+# Every live handler, whose native state a forked child resets.
+_LIVE_HANDLERS: weakref.WeakSet[PrometheusEventHandler] = weakref.WeakSet()
+
+
+def _reset_expositions_in_child() -> None:
+    """A forked child's handlers get a new, empty native state (the parent's
+    may have been copied locked by a render on a server thread, which the
+    child does not have), with the metrics they had declared, so that its
+    own windows count from zero (docs/sinks.md, "Native histograms"). Runs
+    after _forksafe's hook has released the sinks' locks."""
+    for sink in list(_LIVE_HANDLERS):
+        sink._native._after_fork_in_child()
+        for name, (_, native_name) in sink._children.items():
+            sink._native.declare_gauge(native_name, stat_description(sink._sources[name]))
+        for name, histogram in sink._histograms.items():
+            sink._native.declare_histogram(name, histogram._help())
+
+
+os.register_at_fork(after_in_child=_reset_expositions_in_child)
+
+_PROTOBUF_MEDIA_TYPE = "application/vnd.google.protobuf"
+_TEXT_MEDIA_TYPES = ("text/plain", "application/openmetrics-text", "*/*", "text/*")
+
+
+def _accepts_protobuf(accept: str | None) -> bool:
+    """Whether an ``Accept`` header prefers the delimited MetricFamily
+    protobuf: its quality is above 0 and at least that of every text format
+    it names. A header naming no known format gets text."""
+    if not accept:
+        return False
+    protobuf = text = 0.0
+    for entry in accept.split(","):
+        media_type, *params = (part.strip() for part in entry.split(";"))
+        fields = {}
+        for param in params:
+            key, _, value = param.partition("=")
+            fields[key.strip().lower()] = value.strip().strip('"')
+        try:
+            quality = float(fields.get("q", "1"))
+        except ValueError:
+            quality = 0.0
+        media_type = media_type.lower()
+        if media_type == _PROTOBUF_MEDIA_TYPE:
+            if (
+                fields.get("proto") == "io.prometheus.client.MetricFamily"
+                and fields.get("encoding") == "delimited"
+            ):
+                protobuf = max(protobuf, quality)
+        elif media_type in _TEXT_MEDIA_TYPES:
+            text = max(text, quality)
+    return protobuf > 0.0 and protobuf >= text
+
+
+class _ScrapeApp:
+    """The WSGI application of :meth:`PrometheusEventHandler.wsgi_app`. It
+    holds the handler weakly: a server left running does not keep a
+    dropped handler alive (it then answers 503)."""
+
+    __slots__ = ("_handler",)
+
+    def __init__(self, handler: PrometheusEventHandler) -> None:
+        self._handler = weakref.ref(handler)
+
+    def __call__(self, environ: dict[str, Any], start_response: Any) -> Iterable[bytes]:
+        method = environ.get("REQUEST_METHOD", "GET")
+        if method not in ("GET", "HEAD"):
+            start_response("405 Method Not Allowed", [("Allow", "GET, HEAD")])
+            return [b""]
+        handler = self._handler()
+        rendered = None if handler is None else handler.render(environ.get("HTTP_ACCEPT"))
+        if rendered is None:
+            body = b"torchmon: this PrometheusEventHandler is closed\n"
+            start_response(
+                "503 Service Unavailable",
+                [("Content-Type", "text/plain; charset=utf-8"), ("Content-Length", str(len(body)))],
+            )
+            return [body]
+        content_type, body = rendered
+        start_response(
+            "200 OK", [("Content-Type", content_type), ("Content-Length", str(len(body)))]
+        )
+        return [b""] if method == "HEAD" else [body]
+
+
+def _start_server(
+    host: str, port: int, app: Callable[[dict[str, Any], Any], Iterable[bytes]]
+) -> tuple[WSGIServer, threading.Thread]:
+    """``app`` served on ``host:port`` by a daemon thread, a thread per request."""
+    import threading
+    from socketserver import ThreadingMixIn
+    from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
+
+    family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0][0]
+
+    class Server(ThreadingMixIn, WSGIServer):
+        daemon_threads = True
+        address_family = family
+
+    class QuietHandler(WSGIRequestHandler):
+        def log_message(self, format: str, *args: Any) -> None:
+            """No line on stderr per scrape."""
+
+    httpd = make_server(host, port, app, Server, handler_class=QuietHandler)
+    thread = threading.Thread(
+        target=httpd.serve_forever, name=f"torchmon-prometheus-{port}", daemon=True
+    )
+    thread.start()
+    return httpd, thread
 
 
 # --- histograms of distributions -----------------------------------------------
@@ -382,6 +566,19 @@ def _check_per_octave(value: object) -> int | None:
         raise ValueError(
             "PrometheusEventHandler(histogram_buckets_per_octave): must divide 64 "
             f"(1, 2, 4, 8, 16, 32 or 64), got {value}"
+        )
+    return value
+
+
+def _check_max_buckets(value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(
+            "PrometheusEventHandler(native_histogram_max_buckets): must be an int, "
+            f"not {type(value).__name__}"
+        )
+    if value < 1:
+        raise ValueError(
+            f"PrometheusEventHandler(native_histogram_max_buckets): must be at least 1, got {value}"
         )
     return value
 

@@ -1,0 +1,181 @@
+//! `_PrometheusExposition`: the binding around `prometheus::Exposition`, the
+//! cumulative state of a `PrometheusEventHandler` (python/torchmon/handlers/
+//! prometheus.py) that a scrape renders without holding the GIL.
+
+use parking_lot::Mutex;
+use pyo3::exceptions::{PyTypeError, PyValueError};
+use pyo3::prelude::*;
+use pyo3::types::{PyBytes, PyTuple};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use torchmon_core::prometheus::{ClassicLayout, Exposition};
+
+/// The outer lock is only ever taken while attached to Python and held for
+/// an `Arc` clone or swap, so on GIL builds no thread holds it at a fork.
+/// The exposition's own locks are taken by a scrape's render, detached from
+/// Python: a fork may copy one locked, which is why a forked child gets a
+/// new exposition (`_after_fork_in_child`).
+#[pyclass(module = "torchmon._core", frozen, weakref)]
+pub struct _PrometheusExposition {
+    state: Mutex<Arc<Shared>>,
+    closed: AtomicBool,
+    /// The constructor's arguments, for the child's new state.
+    config: (Vec<(String, String)>, usize, Option<ClassicLayout>),
+}
+
+struct Shared {
+    exposition: Exposition,
+    /// Held across a render and by close(), so that a render completes
+    /// before a close or sees it.
+    closing: Mutex<()>,
+}
+
+impl Shared {
+    fn new(exposition: Exposition) -> Arc<Shared> {
+        Arc::new(Shared {
+            exposition,
+            closing: Mutex::new(()),
+        })
+    }
+}
+
+impl _PrometheusExposition {
+    fn state(&self) -> Arc<Shared> {
+        self.state.lock().clone()
+    }
+}
+
+fn clash(name: &str) -> PyErr {
+    PyValueError::new_err(format!(
+        "_PrometheusExposition: {name:?} is already a metric of the other kind"
+    ))
+}
+
+/// A `(index, count)` pair sequence of a Distribution (its `positive` or
+/// `negative`): a tuple of 2-tuples of ints.
+fn bucket_pairs(side: &Bound<'_, PyAny>) -> PyResult<Vec<(i32, u64)>> {
+    let side = side.cast::<PyTuple>().map_err(|_| {
+        PyTypeError::new_err("_PrometheusExposition.add_distribution: buckets must be a tuple")
+    })?;
+    let mut pairs = Vec::with_capacity(side.len());
+    for pair in side.iter() {
+        pairs.push(pair.extract::<(i32, u64)>()?);
+    }
+    Ok(pairs)
+}
+
+#[pymethods]
+impl _PrometheusExposition {
+    /// `labels`: `(name, value)` pairs on every metric; `max_buckets`: the
+    /// bucket limit per native histogram; `classic`: `(shift, first, uppers)`
+    /// of the handler's classic layout, to expose the classic buckets too.
+    #[new]
+    #[pyo3(signature = (labels, max_buckets, classic=None))]
+    fn new(
+        labels: Vec<(String, String)>,
+        max_buckets: usize,
+        classic: Option<(u32, i32, Vec<f64>)>,
+    ) -> PyResult<Self> {
+        // The handler passes its layout; anything else is refused here
+        // rather than met as a panic in a render.
+        if let Some((shift, _, uppers)) = &classic
+            && (*shift > 6 || uppers.is_empty())
+        {
+            return Err(PyValueError::new_err(
+                "_PrometheusExposition(classic): shift must be 0 to 6 and the bounds not empty",
+            ));
+        }
+        let classic = classic.map(|(shift, first, uppers)| ClassicLayout {
+            shift,
+            first,
+            uppers,
+        });
+        let config = (labels, max_buckets, classic);
+        Ok(_PrometheusExposition {
+            state: Mutex::new(Shared::new(Exposition::new(
+                config.0.clone(),
+                config.1,
+                config.2.clone(),
+            ))),
+            closed: AtomicBool::new(false),
+            config,
+        })
+    }
+
+    /// Creates the gauge `name` (a no-op if it exists).
+    fn declare_gauge(&self, name: &str, help: &str) -> PyResult<()> {
+        self.state()
+            .exposition
+            .declare(name, help, false)
+            .map_err(|_| clash(name))
+    }
+
+    /// Creates the histogram `name` (a no-op if it exists).
+    fn declare_histogram(&self, name: &str, help: &str) -> PyResult<()> {
+        self.state()
+            .exposition
+            .declare(name, help, true)
+            .map_err(|_| clash(name))
+    }
+
+    /// Sets a declared gauge; an undeclared name is ignored.
+    fn set_gauge(&self, name: &str, value: f64) {
+        self.state().exposition.set_gauge(name, value);
+    }
+
+    /// Adds a window's `torchmon.Distribution` to a declared histogram; an
+    /// undeclared name is ignored.
+    fn add_distribution(&self, name: &str, distribution: &Bound<'_, PyAny>) -> PyResult<()> {
+        let sum: f64 = distribution.getattr("sum")?.extract()?;
+        let zero: u64 = distribution.getattr("zero_count")?.extract()?;
+        let positive_inf: u64 = distribution.getattr("positive_inf_count")?.extract()?;
+        let negative_inf: u64 = distribution.getattr("negative_inf_count")?.extract()?;
+        let positive = bucket_pairs(&distribution.getattr("positive")?)?;
+        let negative = bucket_pairs(&distribution.getattr("negative")?)?;
+        self.state().exposition.update_histogram(name, |histogram| {
+            histogram.add_window(sum, zero, positive_inf, negative_inf, positive, negative);
+        });
+        Ok(())
+    }
+
+    /// Every metric as length-delimited protobuf `MetricFamily` messages,
+    /// rendered detached from Python (the GIL is held only to take the state
+    /// and to make the bytes); `None` once closed.
+    fn render_protobuf<'py>(&self, py: Python<'py>) -> Option<Bound<'py, PyBytes>> {
+        let state = self.state();
+        let body = py.detach(|| {
+            let _not_closing = state.closing.lock();
+            if self.closed.load(Ordering::Acquire) {
+                return None;
+            }
+            let mut body = Vec::with_capacity(256 * state.exposition.len());
+            state.exposition.encode_protobuf(&mut body);
+            Some(body)
+        })?;
+        Some(PyBytes::new(py, &body))
+    }
+
+    /// Later renders return `None`; a render in progress completes first.
+    fn close(&self, py: Python<'_>) {
+        let state = self.state();
+        py.detach(|| {
+            let _no_render = state.closing.lock();
+            self.closed.store(true, Ordering::Release);
+        });
+    }
+
+    #[getter]
+    fn closed(&self) -> bool {
+        self.closed.load(Ordering::Acquire)
+    }
+
+    /// In a forked child: a new, empty state (the parent's may have been
+    /// copied locked by a render on another thread; a child serves nothing
+    /// of the parent's).
+    fn _after_fork_in_child(&self) {
+        let (labels, max_buckets, classic) = &self.config;
+        let fresh = Exposition::new(labels.clone(), *max_buckets, classic.clone());
+        *self.state.lock() = Shared::new(fresh);
+    }
+}
