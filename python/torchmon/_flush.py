@@ -106,17 +106,44 @@ def _flush_here(timeout: float | None) -> bool:
         drained = _core._drain_async_handlers(remaining)
     except BaseException as exc:  # a Ctrl-C while waiting
         errors.add(exc, flush)
-    pid = os.getpid()
-    for ref, owner in list(_flushables.values()):
-        sink = ref()
-        if sink is None or owner != pid:
-            continue
+    # The sinks that write locally first, then those that send over the
+    # network (OpenTelemetry's exporter): a dead collector, waited for up to
+    # its handler's export_timeout, delays no local file.
+    for sink in sorted(_live_flushables(), key=_sends_remotely):
         try:
             sink.flush()
         except BaseException as exc:
             errors.add(exc, sink)
     errors.raise_it()
     return bool(drained)
+
+
+def _sends_remotely(sink: object) -> bool:
+    return bool(getattr(sink, "_flushes_remotely", False))
+
+
+def _live_flushables() -> list[Any]:
+    """The registered sinks made in this process and still alive."""
+    pid = os.getpid()
+    sinks = []
+    for ref, owner in list(_flushables.values()):
+        sink = ref()
+        if sink is not None and owner == pid:
+            sinks.append(sink)
+    return sinks
+
+
+def _flush_local_sinks() -> None:
+    """Flushes the registered sinks that write locally (the exit of a
+    network sink calls it before its own last export); errors go to
+    ``sys.unraisablehook``."""
+    for sink in _live_flushables():
+        if _sends_remotely(sink):
+            continue
+        try:
+            sink.flush()
+        except Exception as exc:
+            _report_unraisable(exc, sink, "Exception ignored in torchmon's exit flush")
 
 
 def flush(timeout: float | None = None) -> bool:
