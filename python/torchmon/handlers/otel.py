@@ -54,12 +54,25 @@ def otel_instrument_name(key: str) -> str:
     OpenTelemetry instrument names are ``[a-zA-Z][-_./a-zA-Z0-9]{0,254}``:
     any other character (a space, a ``:``, any non-ASCII character) becomes
     ``_``; a name that does not start with an ASCII letter is prefixed with
-    ``torchmon.``; names longer than 255 characters are cut there.
+    ``torchmon.``. A name longer than 255 characters keeps its last
+    ``.<suffix>`` (the aggregation: ``.mean``, ``.p99``) and the start of the
+    rest, joined by ``-`` and 8 hex digits of the key's SHA-256, so that
+    every key keeps its own instrument (Stat names stop at 200 characters;
+    such keys come from events logged by hand or from torch.monitor).
     """
     name = _INVALID_INSTRUMENT_CHAR.sub("_", key)
     if not name or not ("a" <= name[0] <= "z" or "A" <= name[0] <= "Z"):
         name = "torchmon." + name
-    return name[:_MAX_INSTRUMENT_NAME]
+    if len(name) <= _MAX_INSTRUMENT_NAME:
+        return name
+    import hashlib
+
+    digest = hashlib.sha256(key.encode("utf-8", "surrogatepass")).hexdigest()[:8]
+    stem, dot, suffix = name.rpartition(".")
+    if not dot or len(suffix) > 16:
+        stem, suffix = name, ""
+    tail = f"-{digest}" + (f".{suffix}" if suffix else "")
+    return stem[: _MAX_INSTRUMENT_NAME - len(tail)] + tail
 
 
 _P_SUFFIXES = frozenset(("p50", "p90", "p95", "p99", "p999"))
