@@ -936,7 +936,9 @@ def test_names_up_to_200_characters_are_taken(recorder, char: str) -> None:
 
 @pytest.mark.parametrize("length", [201, 282, 1 << 20])
 def test_longer_names_are_a_value_error(length: int) -> None:
-    with pytest.raises(ValueError, match=rf"^Stat\(name\): name must be at most 200 characters .*got {length}$"):
+    with pytest.raises(
+        ValueError, match=rf"^Stat\(name\): name must be at most 200 characters .*got {length}$"
+    ):
         Stat("x" * length, [SUM], SECOND)
     with pytest.raises(ValueError, match=r"^Stat\(name\): name must be at most 200"):
         Stat(b"x" * length, [SUM], SECOND)
