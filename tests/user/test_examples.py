@@ -265,3 +265,14 @@ def test_torchrun_prometheus_writes_outside_the_checkout_and_says_when_it_is_don
         for line in lines
     ), lines
     assert lines[-1] == "rank 0: stopped serving"
+
+
+def test_the_readme_names_every_example_script_before_its_first_section() -> None:
+    """README.md's first screen lists every script of examples/ (the set-up
+    commands come first, then the list)."""
+    readme = (EXAMPLES.parent / "README.md").read_text(encoding="utf-8")
+    first_screen = readme.split("\n## ", 1)[0]
+    scripts = sorted(path.name for path in EXAMPLES.glob("*.py"))
+    assert scripts
+    missing = [name for name in scripts if f"(examples/{name})" not in first_screen]
+    assert missing == []
