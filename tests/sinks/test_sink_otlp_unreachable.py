@@ -82,9 +82,11 @@ def test_dead_collector_bounds_flush_and_exit(collector: object, tmp_path: Path)
     assert child.returncode == 0, child.stderr
     flush_seconds = json.loads(child.stdout)["flush_seconds"]
     # One export_timeout for the flush, one for the exit's last export, and
-    # the interpreter's start and end (about a second here).
-    assert flush_seconds < EXPORT_TIMEOUT + 1.0, child.stderr
-    assert total < 2 * EXPORT_TIMEOUT + 5.0, child.stderr
+    # the interpreter's start and end (about a second here; the margins are
+    # for a loaded machine: before export_timeout, the exporter's own 10 s
+    # made these 7-10 s and 25-32 s, docs/performance.md).
+    assert flush_seconds < EXPORT_TIMEOUT + 2.0, child.stderr
+    assert total < 2 * EXPORT_TIMEOUT + 10.0, child.stderr
     lines = child.stderr.splitlines()
     assert not [line for line in lines if "retry" in line.lower() or "Transient" in line], lines
     reports = [line for line in lines if line.startswith("torchmon: OpenTelemetryEventHandler")]
