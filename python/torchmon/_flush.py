@@ -350,8 +350,9 @@ def flush_on_signals(
     -15 for SIGTERM as seen by the parent, 143 in a shell).
 
     Opt-in: call it once, from the main thread, early in the program. A
-    signal that was ignored (``SIG_IGN``, as under ``nohup``) stays ignored
-    and is not flushed on. Calling it again keeps the handlers already
+    signal that was ignored (``SIG_IGN``, as under ``nohup``, which ignores
+    SIGHUP before Python starts) stays ignored and is not flushed on, as
+    CPython leaves an ignored SIGINT ignored. Calling it again keeps the handlers already
     installed (it never chains to itself). ``timeout`` bounds the flush (10 s
     by default); the signal goes on after it either way. Returns a
     :class:`SignalFlush` whose ``restore()`` puts the previous handlers back.
