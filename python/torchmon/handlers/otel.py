@@ -404,7 +404,19 @@ def _install_mute() -> None:
         _mute_installed = True
 
 
+_exporter_class_made: Any = None
+
+
 def _exporter_class() -> Any:
+    """The exporter wrapper's class, made once, on first use (it subclasses
+    the SDK's, imported only when a handler is made)."""
+    global _exporter_class_made
+    if _exporter_class_made is None:
+        _exporter_class_made = _make_exporter_class()
+    return _exporter_class_made
+
+
+def _make_exporter_class() -> Any:
     from opentelemetry.sdk.metrics.export import MetricExporter, MetricExportResult
 
     class _ReportingExporter(MetricExporter):
