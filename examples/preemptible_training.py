@@ -37,8 +37,16 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-import torch
-from torch.utils.data import DataLoader, Dataset
+try:
+    import torch
+    from torch.utils.data import DataLoader, Dataset
+except ImportError:
+    # A clear line instead of a traceback (README.md, "Tests and examples that need torch").
+    sys.exit(
+        "examples/preemptible_training.py needs PyTorch, which is not installed: "
+        "pip install torch (or the CPU wheel: pip install "
+        "--index-url https://download.pytorch.org/whl/cpu torch)"
+    )
 
 import torchmon
 

@@ -6,10 +6,12 @@ Every rank (gloo backend, CPU) records its step time, loss and samples into
 torchmon Stats, serves them on port ``--port-base + LOCAL_RANK``
 (``PrometheusEventHandler.serve``, with ``rank``, ``local_rank``, ``node`` and
 ``job`` labels) and writes them to its own ``events-rank<RANK>.jsonl``
-(``JsonlEventHandler.for_rank``). After training it emits the open windows,
-writes what it recorded exactly to ``--ground-truth DIR`` when asked (for
-tests) and keeps serving for ``--linger`` seconds so that Prometheus scrapes
-the last windows. docs/guide.md ("Multi-node setups") has the scrape
+(``JsonlEventHandler.for_rank``) in ``--out-dir`` (default: a folder named
+after the job in the temporary directory, printed at the start, never the
+current one). After training it says so, emits the open windows, writes
+what it recorded exactly to ``--ground-truth DIR`` when asked (for tests)
+and keeps serving for ``--linger`` seconds so that Prometheus scrapes the
+last windows, saying how long. docs/guide.md ("Multi-node setups") has the scrape
 configuration and the queries.
 """
 
@@ -18,13 +20,23 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sys
+import tempfile
 import time
 from datetime import timedelta
 from pathlib import Path
 
-import torch
-import torch.distributed as dist
-from torch import nn
+try:
+    import torch
+    import torch.distributed as dist
+    from torch import nn
+except ImportError:
+    # A clear line instead of a traceback (README.md, "Tests and examples that need torch").
+    sys.exit(
+        "examples/torchrun_prometheus.py needs PyTorch, which is not installed: "
+        "pip install torch (or the CPU wheel: pip install "
+        "--index-url https://download.pytorch.org/whl/cpu torch)"
+    )
 
 import torchmon
 from torchmon import Aggregation
@@ -43,7 +55,9 @@ def main() -> None:
     )
     parser.add_argument("--host", default="127.0.0.1", help="address served (default 127.0.0.1)")
     parser.add_argument(
-        "--out-dir", type=Path, default=Path("."), help="where events-rank<R>.jsonl go"
+        "--out-dir",
+        type=Path,
+        help="where events-rank<R>.jsonl go (default: <temporary directory>/torchmon-<job id>)",
     )
     parser.add_argument("--ground-truth", type=Path, help="write ground-truth-rank<R>.json here")
     parser.add_argument(
@@ -58,13 +72,17 @@ def main() -> None:
     sink = torchmon.PrometheusEventHandler.serve(
         port_base=args.port_base, host=args.host, prefix="trainer_"
     )
+    if args.out_dir is None:
+        # Shared by the ranks of one job (torchrun gives them one run id).
+        args.out_dir = Path(tempfile.gettempdir()) / f"torchmon-{info.run_id or 'local'}"
     args.out_dir.mkdir(parents=True, exist_ok=True)
     # With the windows' histograms, for `torchmon summarize events-rank*.jsonl`.
     jsonl = torchmon.JsonlEventHandler.for_rank(args.out_dir, distributions=True)
     handles = [torchmon.register_event_handler(sink), torchmon.register_event_handler(jsonl)]
-    print(
-        f"rank {info.rank} (pid {os.getpid()}): http://{args.host}:{sink.port}/metrics", flush=True
-    )
+    url = f"http://{args.host}:{sink.port}/metrics"
+    print(f"rank {info.rank} (pid {os.getpid()}): {url}", flush=True)
+    if info.rank == 0:
+        print(f"events go to {args.out_dir}/events-rank<R>.jsonl", flush=True)
 
     window = timedelta(milliseconds=args.window_ms)
     # A Stat with a P aggregation is also exported as the cumulative histogram
@@ -85,6 +103,7 @@ def main() -> None:
     truth_weights = torch.arange(16, dtype=torch.float32) / 16
     recorded_step_times: list[float] = []
     total = 0
+    started = time.monotonic()
     try:
         for _ in range(args.steps):
             start = time.perf_counter()
@@ -108,10 +127,19 @@ def main() -> None:
         # The open windows go out now, before the ground truth is written, so
         # that a scrape after the file appeared sees every sample.
         torchmon.flush()
+        done = (
+            f"rank {info.rank}: training done, {args.steps} steps in "
+            f"{time.monotonic() - started:.1f} s"
+        )
+        if args.linger > 0:
+            print(f"{done}; serving {url} for {args.linger:g} s more (--linger)", flush=True)
+        else:
+            print(f"{done}; not serving any more (--linger 0)", flush=True)
         if args.ground_truth is not None:
             write_ground_truth(args.ground_truth, info, recorded_step_times, total)
         if args.linger > 0:
             time.sleep(args.linger)
+            print(f"rank {info.rank}: stopped serving", flush=True)
     finally:
         for handle in handles:
             torchmon.unregister_event_handler(handle)

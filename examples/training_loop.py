@@ -14,7 +14,11 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
 import random
+import shlex
+import shutil
+import sys
 import tempfile
 import time
 from array import array
@@ -120,7 +124,27 @@ def main() -> None:
             d = e.data
             print(f"epoch {d['epoch']}: loss {d['loss']:.4f}, {d['seconds']:.2f} s")
     if writer is not None:
-        print(f"tensorboard --logdir {logdir}")
+        print(f"Look at it:  {tensorboard_command(logdir)}")
+
+
+def tensorboard_command(logdir: str | Path) -> str:
+    """The command that shows ``logdir`` in TensorBoard, runnable as printed
+    from the current directory: this Python's ``tensorboard`` script by its
+    path (``.venv/bin/tensorboard``: a venv that is not activated is not on
+    PATH), or the bare name when PATH finds that very script."""
+    where = shlex.quote(str(logdir))
+    python = shlex.quote(sys.executable)
+    script = Path(sys.executable).parent / "tensorboard"
+    if not script.is_file():
+        return (
+            f"{python} -m pip install tensorboard && {python} -m tensorboard.main --logdir {where}"
+        )
+    found = shutil.which("tensorboard")
+    if found is not None and Path(found).resolve() == script.resolve():
+        return f"tensorboard --logdir {where}"
+    relative = os.path.relpath(script)
+    shown = str(script) if relative.startswith("..") else relative
+    return f"{shlex.quote(shown)} --logdir {where}"
 
 
 if __name__ == "__main__":

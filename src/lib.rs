@@ -68,6 +68,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(_flush_stats_now, m)?)?;
     m.add_function(wrap_pyfunction!(_reset_stats_after_fork, m)?)?;
     m.add("STAT_EVENT", crate::py_stat::STAT_EVENT)?;
+    m.add("MAX_STAT_NAME_LENGTH", torchmon_core::stat::MAX_NAME_CHARS)?;
     m.add(
         "_BUCKET_MIDPOINTS",
         pyo3::types::PyTuple::new(m.py(), torchmon_core::histogram::MIDPOINTS)?,

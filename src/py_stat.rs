@@ -20,7 +20,7 @@ use crate::py_event::Event;
 use crate::py_registry::{Failures, current_handlers, dispatch};
 use torchmon_core::aggregation::Aggregation;
 use torchmon_core::histogram::Distribution;
-use torchmon_core::stat::{Closed, Stat as CoreStat, WindowStats};
+use torchmon_core::stat::{Closed, MAX_NAME_CHARS, Stat as CoreStat, WindowStats};
 
 pub const STAT_EVENT: &str = "torch.monitor.Stat";
 
@@ -345,6 +345,17 @@ impl Stat {
             Some(value) => max_samples_arg(value.bind(py))?,
         };
         let name = string_arg(name, "Stat(name): name", Surrogates::TypeError)?;
+        let length = name.len()?;
+        if length > MAX_NAME_CHARS {
+            return Err(arg_value_error(
+                "Stat",
+                "name",
+                format_args!(
+                    "must be at most {MAX_NAME_CHARS} characters (the sinks' metric \
+                     names are made from it), got {length}"
+                ),
+            ));
+        }
         let window_ms = window_ms(window)?;
 
         let outputs = aggregations

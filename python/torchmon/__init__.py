@@ -12,6 +12,7 @@ import threading
 
 from . import _core, _flush
 from ._core import (
+    MAX_STAT_NAME_LENGTH,
     STAT_EVENT,
     Aggregation,
     AsyncEventHandler,
@@ -117,6 +118,7 @@ else:
 __all__ = [
     "COUNT",
     "MAX",
+    "MAX_STAT_NAME_LENGTH",
     "MEAN",
     "MIN",
     "P50",

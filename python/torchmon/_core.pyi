@@ -20,6 +20,7 @@ _EventData: TypeAlias = Mapping[str, _InValue]
 __version__: str
 
 __all__ = [
+    "MAX_STAT_NAME_LENGTH",
     "STAT_EVENT",
     "_AGGREGATION_KEY_SUFFIXES",
     "_BUCKET_MIDPOINTS",
@@ -50,6 +51,8 @@ __all__ = [
 ]
 
 STAT_EVENT: str
+#: The longest Stat name, in characters (docs/api.md, "Stat").
+MAX_STAT_NAME_LENGTH: int
 # The suffixes of a Stat event's keys ("<stat name>.<suffix>"), in the order
 # of Aggregation.__members__.
 _AGGREGATION_KEY_SUFFIXES: tuple[str, ...]

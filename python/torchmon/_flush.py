@@ -106,17 +106,44 @@ def _flush_here(timeout: float | None) -> bool:
         drained = _core._drain_async_handlers(remaining)
     except BaseException as exc:  # a Ctrl-C while waiting
         errors.add(exc, flush)
-    pid = os.getpid()
-    for ref, owner in list(_flushables.values()):
-        sink = ref()
-        if sink is None or owner != pid:
-            continue
+    # The sinks that write locally first, then those that send over the
+    # network (OpenTelemetry's exporter): a dead collector, waited for up to
+    # its handler's export_timeout, delays no local file.
+    for sink in sorted(_live_flushables(), key=_sends_remotely):
         try:
             sink.flush()
         except BaseException as exc:
             errors.add(exc, sink)
     errors.raise_it()
     return bool(drained)
+
+
+def _sends_remotely(sink: object) -> bool:
+    return bool(getattr(sink, "_flushes_remotely", False))
+
+
+def _live_flushables() -> list[Any]:
+    """The registered sinks made in this process and still alive."""
+    pid = os.getpid()
+    sinks = []
+    for ref, owner in list(_flushables.values()):
+        sink = ref()
+        if sink is not None and owner == pid:
+            sinks.append(sink)
+    return sinks
+
+
+def _flush_local_sinks() -> None:
+    """Flushes the registered sinks that write locally (the exit of a
+    network sink calls it before its own last export); errors go to
+    ``sys.unraisablehook``."""
+    for sink in _live_flushables():
+        if _sends_remotely(sink):
+            continue
+        try:
+            sink.flush()
+        except Exception as exc:
+            _report_unraisable(exc, sink, "Exception ignored in torchmon's exit flush")
 
 
 def flush(timeout: float | None = None) -> bool:
@@ -323,8 +350,9 @@ def flush_on_signals(
     -15 for SIGTERM as seen by the parent, 143 in a shell).
 
     Opt-in: call it once, from the main thread, early in the program. A
-    signal that was ignored (``SIG_IGN``, as under ``nohup``) stays ignored
-    and is not flushed on. Calling it again keeps the handlers already
+    signal that was ignored (``SIG_IGN``, as under ``nohup``, which ignores
+    SIGHUP before Python starts) stays ignored and is not flushed on, as
+    CPython leaves an ignored SIGINT ignored. Calling it again keeps the handlers already
     installed (it never chains to itself). ``timeout`` bounds the flush (10 s
     by default); the signal goes on after it either way. Returns a
     :class:`SignalFlush` whose ``restore()`` puts the previous handlers back.

@@ -18,7 +18,7 @@ from collections.abc import Callable
 from datetime import timedelta
 from types import TracebackType
 
-from ._core import Aggregation, Stat, _window_ms_of_seconds
+from ._core import MAX_STAT_NAME_LENGTH, Aggregation, Stat, _window_ms_of_seconds
 from ._errors import arg_message, arg_type_error, arg_value_error, report_unraisable
 from ._forksafe import new_lock
 
@@ -55,16 +55,30 @@ else:
 def _key_text(key: object, owner: str) -> str:
     if isinstance(key, (bytes, bytearray)):
         try:
-            return bytes(key).decode("utf-8")
+            text = bytes(key).decode("utf-8")
         except UnicodeDecodeError as exc:
             raise arg_value_error(owner, "key", f"is not valid UTF-8: {exc}") from None
+        _check_key_length(text, owner)
+        return text
     if not isinstance(key, str):
         raise arg_type_error(owner, "key", "a str", key)
     try:
         key.encode("utf-8")
     except UnicodeEncodeError:
         raise TypeError(arg_message(owner, "key", "contains a lone surrogate")) from None
+    _check_key_length(key, owner)
     return key
+
+
+def _check_key_length(key: str, owner: str) -> None:
+    """The key names the counter's Stat: Stat names' limit (docs/api.md)."""
+    if len(key) > MAX_STAT_NAME_LENGTH:
+        raise arg_value_error(
+            owner,
+            "key",
+            f"must be at most {MAX_STAT_NAME_LENGTH} characters (it names the counter's Stat), "
+            f"got {len(key)}",
+        )
 
 
 def _window_ms(window_size: object, owner: str) -> int:

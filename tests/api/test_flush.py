@@ -280,3 +280,28 @@ def test_a_failing_writer_flush_is_raised_after_every_other_sink_was_flushed() -
         torchmon.flush()
     assert flushed == ["a", "b"]
     del sinks
+
+
+def test_sinks_that_send_over_the_network_are_flushed_after_the_local_ones() -> None:
+    """A dead collector, waited for up to the OpenTelemetry handler's
+    export_timeout, must not delay a local file (docs/sinks.md, "Unreachable
+    collector"): the sinks marked ``_flushes_remotely`` go last, whatever the
+    order they were made in."""
+    from torchmon._flush import _register_flushable
+
+    order: list[str] = []
+
+    class Sink:
+        def __init__(self, name: str, remote: bool) -> None:
+            self.name = name
+            self._flushes_remotely = remote
+
+        def flush(self) -> None:
+            order.append(self.name)
+
+    sinks = [Sink("collector", True), Sink("file", False), Sink("second collector", True)]
+    for sink in sinks:
+        _register_flushable(sink)
+    torchmon.flush()
+    assert order == ["file", "collector", "second collector"]
+    del sinks  # unregistered when collected

@@ -924,6 +924,30 @@ def test_bytes_names_are_decoded_as_utf8(recorder, raw: bytes, expected: str) ->
     assert recorder.stat_data == [{f"{expected}.sum": 2.0}]
 
 
+@pytest.mark.parametrize("char", ["a", "\u00e9", "\U0001f600"])
+def test_names_up_to_200_characters_are_taken(recorder, char: str) -> None:
+    """The limit counts characters, not UTF-8 bytes (docs/api.md, "Stat")."""
+    name = char * 200
+    with ManualClock(0):
+        stat = Stat(name, [SUM], SECOND, 1)
+        stat.add(1.0)
+    assert recorder.stat_data == [{f"{name}.sum": 1.0}]
+
+
+@pytest.mark.parametrize("length", [201, 282, 1 << 20])
+def test_longer_names_are_a_value_error(length: int) -> None:
+    with pytest.raises(
+        ValueError, match=rf"^Stat\(name\): name must be at most 200 characters .*got {length}$"
+    ):
+        Stat("x" * length, [SUM], SECOND)
+    with pytest.raises(ValueError, match=r"^Stat\(name\): name must be at most 200"):
+        Stat(b"x" * length, [SUM], SECOND)
+
+
+def test_the_limit_is_public() -> None:
+    assert torchmon.MAX_STAT_NAME_LENGTH == 200
+
+
 def test_str_subclass_name_is_a_plain_str() -> None:
     class Name(str):
         pass

@@ -685,6 +685,8 @@ def test_window_in_seconds_is_converted_as_stat_converts_it(seconds):
         ((None,), TypeError, r"WaitCounter\(key\)"),
         (("\ud800",), TypeError, r"WaitCounter\(key\).*surrogate"),
         ((b"\xff",), ValueError, r"WaitCounter\(key\).*UTF-8"),
+        (("k" * 201,), ValueError, r"^WaitCounter\(key\): key must be at most 200 characters"),
+        ((b"k" * 201,), ValueError, r"^WaitCounter\(key\): key must be at most 200 characters"),
         (("k", "1s"), TypeError, r"WaitCounter\(window_size\)"),
         (("k", True), TypeError, r"WaitCounter\(window_size\)"),
         (("k", None), TypeError, r"WaitCounter\(window_size\)"),

@@ -22,6 +22,16 @@ pytestmark = pytest.mark.skipif(not hasattr(signal, "SIGHUP"), reason="needs POS
 
 CHILD_TIMEOUT = 60.0
 
+# The children start from the default dispositions these tests assume:
+# a child inherits an ignored signal (SIG_IGN survives exec), and a test
+# suite started under nohup, or by a runner that ignores SIGHUP, would
+# otherwise see SIGHUP ignored and the child never end.
+_DEFAULT_DISPOSITIONS = """
+import signal
+for _signum in (signal.SIGTERM, signal.SIGHUP):
+    signal.signal(_signum, signal.SIG_DFL)
+"""
+
 _CHILD = """
 import datetime as dt, json, os, signal, sys, time
 import torchmon as m
@@ -34,10 +44,31 @@ counter = m.WaitCounter("job.step", window_size=dt.timedelta(seconds=60))
 """
 
 
-def start_child(body: str, out: Path, use_async: bool = False) -> subprocess.Popen[str]:
+def child_argv(
+    body: str, out: Path, use_async: bool = False, *, ignore_sighup: bool = False
+) -> list[str]:
+    """The child's command line. It starts with SIGTERM and SIGHUP at their defaults, or, with
+    ``ignore_sighup``, with SIGHUP ignored from before it started (as under
+    nohup: an inherited SIG_IGN, not one set by the program)."""
     code = _CHILD.format(out=str(out), use_async=use_async) + textwrap.dedent(body)
+    if ignore_sighup:
+        code = "import signal\nsignal.signal(signal.SIGTERM, signal.SIG_DFL)\n" + code
+        argv = [
+            sys.executable,
+            "-c",
+            "import os, signal, sys\n"
+            "signal.signal(signal.SIGHUP, signal.SIG_IGN)\n"
+            "os.execv(sys.executable, [sys.executable, '-c', sys.argv[1]])\n",
+            code,
+        ]
+    else:
+        argv = [sys.executable, "-c", _DEFAULT_DISPOSITIONS + code]
+    return argv
+
+
+def start_child(body: str, out: Path, use_async: bool = False) -> subprocess.Popen[str]:
     return subprocess.Popen(
-        [sys.executable, "-c", code],
+        child_argv(body, out, use_async),
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -103,7 +134,9 @@ def test_a_signal_delivers_the_open_window_and_still_kills(
 def test_the_shell_sees_128_plus_sigterm(tmp_path: Path) -> None:
     out = tmp_path / "events.jsonl"
     script = tmp_path / "job.py"
-    script.write_text(_CHILD.format(out=str(out), use_async=False) + _WORK_THEN_WAIT)
+    script.write_text(
+        _DEFAULT_DISPOSITIONS + _CHILD.format(out=str(out), use_async=False) + _WORK_THEN_WAIT
+    )
     proc = subprocess.Popen(
         ["sh", "-c", f'"{sys.executable}" "{script}"; echo "status=$?"'],
         stdout=subprocess.PIPE,
@@ -197,6 +230,40 @@ def test_an_ignored_signal_stays_ignored_without_a_flush(tmp_path: Path) -> None
     assert "handles ['SIGTERM']" in stdout
     # Still running, and the window still open (it is emitted at exit).
     assert "alive 1" in stdout
+
+
+def test_a_signal_ignored_since_the_process_started_stays_ignored(tmp_path: Path) -> None:
+    """nohup's case: SIGHUP was ignored before Python started. As CPython
+    leaves an ignored SIGINT ignored, flush_on_signals() leaves SIGHUP
+    alone: the job survives the hangup, and its windows reach the sink at
+    the normal exit (docs/reliability.md, "Preemption signals")."""
+    out = tmp_path / "events.jsonl"
+    body = """
+    assert signal.getsignal(signal.SIGHUP) is signal.SIG_IGN
+    handle = m.flush_on_signals()
+    print("handles", [s.name for s in handle.signals], flush=True)
+    stat.add(1.0)
+    print("ready", flush=True)
+    sys.stdin.readline()  # until the test has sent SIGHUP
+    print("alive", stat.count, flush=True)
+    """
+    proc = subprocess.Popen(
+        child_argv(body, out, ignore_sighup=True),
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    assert proc.stdout is not None and proc.stdin is not None
+    assert proc.stdout.readline().strip() == "handles ['SIGTERM']"
+    wait_ready(proc)
+    proc.send_signal(signal.SIGHUP)
+    proc.stdin.write("go on\n")
+    proc.stdin.flush()
+    rc, stdout, stderr = finish(proc)
+    assert rc == 0, stderr
+    assert "alive 1" in stdout
+    assert stat_windows(out) == [{"job.loss.count": 1.0, "job.loss.sum": 1.0}]
 
 
 def test_a_signal_that_interrupts_a_handler_holding_its_lock_still_ends_the_process(

@@ -137,7 +137,30 @@ def test_instrument_name_rules() -> None:
     assert otel_instrument_name("_x.min") == "torchmon._x.min"
     assert otel_instrument_name("éa.min") == "torchmon._a.min"
     assert otel_instrument_name("") == "torchmon."
-    assert otel_instrument_name("a" * 300) == "a" * 255
+    long = otel_instrument_name("a" * 300)
+    assert len(long) == 255 and long.startswith("a" * 200)
+
+
+def test_long_keys_keep_distinct_instruments_per_aggregation() -> None:
+    """A Stat event of an over-long name (logged by hand, or from
+    torch.monitor through the bridge: Stats themselves stop at 200
+    characters) gets one instrument per aggregation, each at most 255
+    characters and ending in its suffix, not one cut name shared by all
+    (docs/sinks.md, "OpenTelemetry")."""
+    stat = "layer." * 46 + "loss"  # 280 characters
+    keys = [f"{stat}.mean", f"{stat}.max", f"{stat}.p99"]
+    with sdk() as (provider, reader):
+        sink = OpenTelemetryEventHandler(meter_provider=provider)
+        for value in (1.0, 2.0):
+            sink(Event(torchmon.STAT_EVENT, datetime.now(), {k: value for k in keys}))
+        got = collect(reader)
+    assert len(got) == 3
+    for name, points in got.items():
+        assert len(name) <= 255 and name.startswith("layer.layer.")
+        assert points == [({}, 2.0)]
+    assert sorted(name.rpartition(".")[2] for name in got) == ["max", "mean", "p99"]
+    # Two keys that differ only past the cut get different names too.
+    assert otel_instrument_name("b" * 300 + "1.mean") != otel_instrument_name("b" * 300 + "2.mean")
 
 
 def test_unusual_names_reach_the_sdk() -> None:

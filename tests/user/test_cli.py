@@ -95,6 +95,44 @@ def test_demo_exits_0_and_prints_epochs_summary_and_tensorboard_command(demo):
     assert "\r" not in result.stderr
 
 
+def test_demo_shows_step_time_percentiles_and_memory_in_readable_units(demo):
+    """What torchmon adds, where the demo's reader looks first: P50/P99 of
+    the step time over the whole run and the memory as `237 MB`, not
+    `2.36536e+08` (docs/cli.md, `torchmon demo`)."""
+    result, logdir = demo
+    assert result.returncode == 0, result.stderr
+    out = result.stdout
+    section = out[out.index("Beyond torch.monitor") :].split("\n\n")[0]
+    step = re.search(r"step time +P50 ([0-9.]+) ms +P99 ([0-9.]+) ms +over (\d+) steps", section)
+    assert step is not None, section
+    p50, p99, steps = float(step[1]), float(step[2]), int(step[3])
+    assert steps == EPOCHS * STEPS
+    # Each step sleeps 0.8 ms (a few stall for 5.8 ms); the percentiles are
+    # within 1% of true order statistics.
+    assert 0.79 <= p50 <= p99
+    memory = re.search(r"memory +process ([0-9.]+) (MB|GB)", section)
+    assert memory is not None, section
+    assert "e+" not in section
+    # The same figure as the log's largest process.memory.usage.max.
+    largest = max(
+        e.data["process.memory.usage.max"]
+        for e in read_jsonl(str(logdir / "events.jsonl"))
+        if "process.memory.usage.max" in e.data
+    )
+    scale = 1e6 if memory[2] == "MB" else 1e9
+    assert abs(float(memory[1]) * scale - largest) <= 0.01 * largest
+
+
+@pytest.mark.parametrize(
+    ("value", "shown"),
+    [(3.56024e7, "35.6 MB"), (2.36536e8, "237 MB"), (2.3829e9, "2.38 GB"), (512.0, "512 B")],
+)
+def test_demo_bytes_are_shown_in_decimal_units(value: float, shown: str) -> None:
+    from torchmon.cli.demo import _readable_bytes
+
+    assert _readable_bytes(value) == shown
+
+
 def test_demo_jsonl_holds_every_stat_window_and_the_epoch_events(demo_events):
     stat_events = [e for e in demo_events if e.name == torchmon.STAT_EVENT]
     epoch_events = [e for e in demo_events if e.name == "train.epoch_end"]

@@ -7,7 +7,11 @@ TensorBoard files, or the lines it scraped) back independently.
 
 from __future__ import annotations
 
+import os
 import re
+import shlex
+import shutil
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -153,3 +157,122 @@ def test_quickstart_runs_and_reports_its_epochs(tmp_path: Path) -> None:
     assert "100 steps" in out
     epoch_rows = [line.split() for line in out.splitlines() if re.match(r"^\s+[01] ", line)]
     assert [row[0] for row in epoch_rows] == ["0", "1"]
+
+
+def test_quickstart_prints_a_tensorboard_command_that_runs_as_printed(tmp_path: Path) -> None:
+    """The venv running the tests need not be activated: the printed command
+    names this Python's own tensorboard script, by a path that works from
+    the current directory, or by its bare name only when PATH finds it."""
+    pytest.importorskip("tensorboardX")
+    script = Path(sys.executable).parent / "tensorboard"
+    if not script.is_file():
+        pytest.skip("the tensorboard package is not installed next to this Python")
+    out = run_example(
+        "quickstart.py", "--logdir", "runs", "--epochs", "1", "--steps", "5", cwd=tmp_path
+    )
+    (line,) = [line for line in out.splitlines() if line.startswith("Look at it:")]
+    command = shlex.split(line.partition(":")[2])
+    assert command[1:] == ["--logdir", "runs"]
+    program = command[0]
+    found = shutil.which(program) if os.sep not in program else str(tmp_path / program)
+    assert found is not None, f"{program!r} does not run from {tmp_path}"
+    assert Path(found).resolve() == script.resolve()
+
+
+@pytest.mark.parametrize("name", ["torchrun_prometheus.py", "preemptible_training.py"])
+def test_examples_that_need_torch_say_so_without_a_traceback(name: str, tmp_path: Path) -> None:
+    # torch made unimportable, as in an environment without it.
+    runner = (
+        "import runpy, sys\n"
+        "sys.modules['torch'] = None\n"
+        "sys.argv = [sys.argv[1]]\n"
+        "runpy.run_path(sys.argv[0], run_name='__main__')\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", runner, str(EXAMPLES / name)],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 1
+    assert "Traceback" not in proc.stderr
+    assert proc.stderr.strip().splitlines() == [
+        f"examples/{name} needs PyTorch, which is not installed: pip install torch "
+        "(or the CPU wheel: pip install --index-url https://download.pytorch.org/whl/cpu torch)"
+    ]
+
+
+def test_torchrun_prometheus_writes_outside_the_checkout_and_says_when_it_is_done(
+    tmp_path: Path,
+) -> None:
+    """One rank, with the environment torchrun gives it: without --out-dir
+    the events go under the temporary directory, in a folder named after
+    the job, not into the current directory; the script says when training
+    is done and how long it keeps serving."""
+    pytest.importorskip("torch.distributed")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        master_port = s.getsockname()[1]
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        metrics_port = s.getsockname()[1]
+    temporary = tmp_path / "tmp"
+    temporary.mkdir()
+    cwd = tmp_path / "checkout"
+    cwd.mkdir()
+    env = {
+        **os.environ,
+        "RANK": "0",
+        "LOCAL_RANK": "0",
+        "WORLD_SIZE": "1",
+        "LOCAL_WORLD_SIZE": "1",
+        "GROUP_RANK": "0",
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": str(master_port),
+        "TORCHELASTIC_RUN_ID": "job7",
+        "TMPDIR": str(temporary),
+        "OMP_NUM_THREADS": "1",
+    }
+    proc = subprocess.run(
+        [
+            sys.executable,
+            str(EXAMPLES / "torchrun_prometheus.py"),
+            "--steps=3",
+            "--step-ms=0",
+            f"--port-base={metrics_port}",
+            "--linger=0.2",
+        ],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        stdin=subprocess.DEVNULL,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert list(cwd.iterdir()) == []
+    events = temporary / "torchmon-job7" / "events-rank0.jsonl"
+    assert len(list(torchmon.read_jsonl(events))) >= 1
+    lines = proc.stdout.splitlines()
+    assert f"events go to {events.parent}/events-rank<R>.jsonl" in lines
+    assert any(
+        re.fullmatch(
+            rf"rank 0: training done, 3 steps in [0-9.]+ s; serving "
+            rf"http://127\.0\.0\.1:{metrics_port}/metrics for 0\.2 s more \(--linger\)",
+            line,
+        )
+        for line in lines
+    ), lines
+    assert lines[-1] == "rank 0: stopped serving"
+
+
+def test_the_readme_names_every_example_script_before_its_first_section() -> None:
+    """README.md's first screen lists every script of examples/ (the set-up
+    commands come first, then the list)."""
+    readme = (EXAMPLES.parent / "README.md").read_text(encoding="utf-8")
+    first_screen = readme.split("\n## ", 1)[0]
+    scripts = sorted(path.name for path in EXAMPLES.glob("*.py"))
+    assert scripts
+    missing = [name for name in scripts if f"(examples/{name})" not in first_screen]
+    assert missing == []

@@ -25,7 +25,7 @@ from ._common import (
     _EXIT_INTERRUPTED,
     _EXIT_OK,
     _CliError,
-    _read_events,
+    _read_records,
     _summary_writer,
     _tensorboard_handler,
 )
@@ -97,6 +97,7 @@ def _prepare_logdir(logdir: str | None) -> Path:
 
 
 _STEP_TIMER = "train.step_time_us"
+_STEP_TIME = "train.step_time_ms"
 _DEMO_STEP_FIELD = "epoch"
 
 
@@ -119,7 +120,8 @@ def run(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
 
     interrupted = False
     with ExitStack() as cleanup:
-        jsonl = JsonlEventHandler(str(jsonl_path))
+        # With the windows' histograms: the step-time percentiles below merge them.
+        jsonl = JsonlEventHandler(str(jsonl_path), distributions=True)
         cleanup.callback(jsonl.close)
         handles = [register_event_handler(jsonl)]
         writer = None
@@ -143,7 +145,8 @@ def run(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     if interrupted:
         print(f"\ninterrupted; the partial logs are in {logdir}", file=err)
         return _EXIT_INTERRUPTED
-    events = _read_events(str(jsonl_path))
+    records = _read_records(str(jsonl_path), "raise")[0]
+    events = [event for event, _ in records]
     stat_events = sum(1 for e in events if e.name == STAT_EVENT)
     print(
         f"\n{len(events)} events in {jsonl_path} "
@@ -151,8 +154,54 @@ def run(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
         file=out,
     )
     _Summary((event, None) for event in events).write(out)
+    _print_highlights(records, out)
     _print_next_steps(logdir, jsonl_path, tensorboard_files=writer is not None, out=out)
     return _EXIT_OK
+
+
+def _readable_bytes(value: float) -> str:
+    """``35.6 MB``: decimal units, three significant digits."""
+    for unit, size in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if abs(value) >= size:
+            return (
+                f"{value / size:.3g} {unit}" if value / size < 100 else f"{value / size:.0f} {unit}"
+            )
+    return f"{value:.0f} B"
+
+
+def _print_highlights(records: list[Any], out: TextIO) -> None:
+    """What torchmon adds to torch.monitor's windows, in units read at a
+    glance: the step time's P50 and P99 over the whole run (the windows'
+    histograms merged, docs/api.md "Distribution") and the memory
+    SystemStats sampled (docs/guide.md, "System stats")."""
+    merged = None
+    largest: dict[str, float] = {}
+    for event, distribution in records:
+        if event.name != STAT_EVENT:
+            continue
+        if distribution is not None and f"{_STEP_TIME}.p50" in event.data:
+            merged = distribution if merged is None else merged.merge(distribution)
+        for key in ("process.memory.usage.max", "system.memory.usage.max"):
+            value = event.data.get(key)
+            if isinstance(value, float):
+                largest[key] = max(value, largest.get(key, value))
+    lines = []
+    if merged is not None and merged.count:
+        lines.append(
+            f"  step time        P50 {merged.quantile(0.5):.2f} ms   "
+            f"P99 {merged.quantile(0.99):.2f} ms   over {merged.count} steps"
+        )
+    if "process.memory.usage.max" in largest:
+        memory = (
+            f"  memory           process {_readable_bytes(largest['process.memory.usage.max'])}"
+        )
+        if "system.memory.usage.max" in largest:
+            memory += f", host {_readable_bytes(largest['system.memory.usage.max'])} in use"
+        lines.append(memory + " (at most)")
+    if lines:
+        print("\nBeyond torch.monitor (percentiles, system stats):", file=out)
+        for line in lines:
+            print(line, file=out)
 
 
 def _shown_path(path: Path) -> str:
@@ -242,6 +291,8 @@ def _training_loop(args: argparse.Namespace, out: TextIO, err: TextIO) -> None:
     sample_loss = Stat("train.sample_loss", [agg.MEAN, agg.MAX], window)
     grad_norm = Stat("train.grad_norm", [agg.MEAN, agg.MAX], window)
     throughput = Stat("train.throughput", [agg.MEAN, agg.MIN, agg.MAX], window)
+    # The percentiles torch.monitor cannot give: a stall shows in P99, not P50.
+    step_time = Stat(_STEP_TIME, [agg.P50, agg.P99], window)
     step_timer = WaitCounter(_STEP_TIMER, window)
     try:
         step = 0
@@ -257,6 +308,7 @@ def _training_loop(args: argparse.Namespace, out: TextIO, err: TextIO) -> None:
                     stall = rng.random() < 0.005
                     time.sleep(0.0058 if stall else 0.0008)  # the "forward/backward pass"
                 seconds = time.perf_counter() - t0
+                step_time.add(seconds * 1000.0)
                 batch_loss = math.fsum(losses) / batch
                 loss.add(batch_loss)
                 sample_loss.add_many(losses)  # an iterable of floats
@@ -295,7 +347,7 @@ def _training_loop(args: argparse.Namespace, out: TextIO, err: TextIO) -> None:
         # Dropping the Stats emits their open windows to the sinks, which are
         # still registered; the step timer's process-wide Stat is released so
         # that its last window is emitted too.
-        del loss, sample_loss, grad_norm, throughput, step_timer
+        del loss, sample_loss, grad_norm, throughput, step_time, step_timer
         _discard_counter(_STEP_TIMER)
 
 

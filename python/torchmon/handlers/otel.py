@@ -10,16 +10,19 @@ distributions of Stats with P aggregations exponential histograms
 from __future__ import annotations
 
 import atexit
+import logging
 import math
 import os
 import re
+import sys
+import threading
 import time
 import weakref
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, Callable, Union
 
 from .._core import STAT_EVENT, Event
-from .._flush import _register_flushable
+from .._flush import _flush_local_sinks, _register_flushable
 from .._forksafe import new_lock
 from ._common import ClosesOnExit, check_mapping, require, set_numeric_values, stat_description
 
@@ -51,12 +54,25 @@ def otel_instrument_name(key: str) -> str:
     OpenTelemetry instrument names are ``[a-zA-Z][-_./a-zA-Z0-9]{0,254}``:
     any other character (a space, a ``:``, any non-ASCII character) becomes
     ``_``; a name that does not start with an ASCII letter is prefixed with
-    ``torchmon.``; names longer than 255 characters are cut there.
+    ``torchmon.``. A name longer than 255 characters keeps its last
+    ``.<suffix>`` (the aggregation: ``.mean``, ``.p99``) and the start of the
+    rest, joined by ``-`` and 8 hex digits of the key's SHA-256, so that
+    every key keeps its own instrument (Stat names stop at 200 characters;
+    such keys come from events logged by hand or from torch.monitor).
     """
     name = _INVALID_INSTRUMENT_CHAR.sub("_", key)
     if not name or not ("a" <= name[0] <= "z" or "A" <= name[0] <= "Z"):
         name = "torchmon." + name
-    return name[:_MAX_INSTRUMENT_NAME]
+    if len(name) <= _MAX_INSTRUMENT_NAME:
+        return name
+    import hashlib
+
+    digest = hashlib.sha256(key.encode("utf-8", "surrogatepass")).hexdigest()[:8]
+    stem, dot, suffix = name.rpartition(".")
+    if not dot or len(suffix) > 16:
+        stem, suffix = name, ""
+    tail = f"-{digest}" + (f".{suffix}" if suffix else "")
+    return stem[: _MAX_INSTRUMENT_NAME - len(tail)] + tail
 
 
 _P_SUFFIXES = frozenset(("p50", "p90", "p95", "p99", "p999"))
@@ -68,6 +84,14 @@ _SCALE = 6
 # double falls into 3 of them (docs/sinks.md, "OpenTelemetry").
 _MIN_SCALE = -10
 DEFAULT_MAX_BUCKETS = 160  # the OpenTelemetry SDK's default max_size
+# How long flush() and close() (so the process exit) wait for the exporter,
+# retries included (docs/sinks.md, "Unreachable collector"): a preempted job
+# has about 30 s between SIGTERM and SIGKILL.
+DEFAULT_EXPORT_TIMEOUT = 5.0
+# export_interval=math.inf: the reader still gets its thread, so that the
+# last export at close() runs there and close() can stop waiting for it.
+# About 3 years, below threading.TIMEOUT_MAX.
+_NEVER_MS = 1e11
 
 
 def _stat_name(data: Mapping[str, object]) -> str | None:
@@ -343,6 +367,92 @@ class _Histograms:
         return MetricsData(resource_metrics=resources)
 
 
+# The loggers through which the SDK reports each failed attempt of an export
+# (a retry log per attempt); muted on the threads running this module's
+# exports, which report a failure once themselves.
+_EXPORT_LOGGERS = (
+    "opentelemetry.exporter.otlp.proto.http.metric_exporter",
+    "opentelemetry.exporter.otlp.common.http",
+    "opentelemetry.sdk.metrics._internal.export",
+)
+_exporting = threading.local()
+
+
+class _MuteOwnExports(logging.Filter):
+    """Drops the SDK's records on a thread inside one of our exports,
+    keeping the last one's text as the failure's reason."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if not getattr(_exporting, "active", False):
+            return True
+        try:
+            _exporting.reason = record.getMessage()
+        except Exception:
+            pass
+        return False
+
+
+_mute_installed = False
+
+
+def _install_mute() -> None:
+    global _mute_installed
+    if not _mute_installed:
+        mute = _MuteOwnExports()
+        for name in _EXPORT_LOGGERS:
+            logging.getLogger(name).addFilter(mute)
+        _mute_installed = True
+
+
+_exporter_class_made: Any = None
+
+
+def _exporter_class() -> Any:
+    """The exporter wrapper's class, made once, on first use (it subclasses
+    the SDK's, imported only when a handler is made)."""
+    global _exporter_class_made
+    if _exporter_class_made is None:
+        _exporter_class_made = _make_exporter_class()
+    return _exporter_class_made
+
+
+def _make_exporter_class() -> Any:
+    from opentelemetry.sdk.metrics.export import MetricExporter, MetricExportResult
+
+    class _ReportingExporter(MetricExporter):
+        """Wraps the user's exporter: each export's outcome goes to the
+        handler's ``_outcome`` (one stderr line per outage)."""
+
+        def __init__(self, inner: MetricExporter, outcome: Callable[[bool, str], None]) -> None:
+            super().__init__(
+                preferred_temporality=getattr(inner, "_preferred_temporality", None),
+                preferred_aggregation=getattr(inner, "_preferred_aggregation", None),
+            )
+            self.inner = inner
+            self._outcome = outcome
+
+        def export(
+            self, metrics_data: MetricsData, timeout_millis: float = 10_000, **kwargs: Any
+        ) -> Any:
+            _exporting.active, _exporting.reason = True, ""
+            try:
+                result = self.inner.export(metrics_data, timeout_millis=timeout_millis, **kwargs)
+            except Exception as exc:
+                result, _exporting.reason = MetricExportResult.FAILURE, repr(exc)
+            finally:
+                _exporting.active = False
+            self._outcome(result == MetricExportResult.SUCCESS, _exporting.reason)
+            return result
+
+        def force_flush(self, timeout_millis: float = 10_000) -> bool:
+            return bool(self.inner.force_flush(timeout_millis=timeout_millis))
+
+        def shutdown(self, timeout_millis: float = 30_000, **kwargs: Any) -> None:
+            self.inner.shutdown(timeout_millis=timeout_millis, **kwargs)
+
+    return _ReportingExporter
+
+
 _reader_class: Any = None
 
 
@@ -396,7 +506,7 @@ def _close_at_exit(handler: OpenTelemetryEventHandler) -> Callable[[], None]:
     def close() -> None:
         alive = ref()
         if alive is not None:
-            alive.close()
+            alive._close(at_exit=True)
 
     atexit.register(close)
     return close
@@ -465,6 +575,12 @@ class OpenTelemetryEventHandler(ClosesOnExit):
       histograms: cumulative (all windows since the handler was created), or
       delta (the windows since the previous export).
 
+    - ``export_timeout``: with an exporter, how long :meth:`flush` and
+      :meth:`close` (so the process exit) wait for an export, retries
+      included, in seconds (default 5). An export that failed or did not
+      finish in time is reported as one line on stderr, naming the
+      destination and the metrics not sent; the next one only after an
+      export succeeded again (docs/sinks.md, "Unreachable collector").
     - ``meter_name``: the instrumentation scope of the meter (default
       ``"torchmon"``).
     - ``attributes``: constant attributes put on every measurement and
@@ -478,13 +594,20 @@ class OpenTelemetryEventHandler(ClosesOnExit):
     Synchronous gauges need opentelemetry-api 1.23 or later.
     """
 
+    # torchmon.flush() flushes it after the sinks that write locally.
+    _flushes_remotely = True
+
     __slots__ = (
         "__weakref__",  # torchmon.flush() and the exit hook hold it weakly
         "_at_exit",
         "_attributes",
         "_closed",
+        "_destination",
+        "_export_timeout",
+        "_failing",
         "_gauges",
         "_histograms",
+        "_last_export",
         "_lock",
         "_meter",
         "_owner_pid",
@@ -502,6 +625,7 @@ class OpenTelemetryEventHandler(ClosesOnExit):
         export_interval: float | None = None,
         resource: Resource | None = None,
         max_buckets: int = DEFAULT_MAX_BUCKETS,
+        export_timeout: float | None = None,
     ) -> None:
         require(
             "OpenTelemetryEventHandler",
@@ -524,7 +648,14 @@ class OpenTelemetryEventHandler(ClosesOnExit):
         self._attributes = _check_attributes(attributes)
         self._histograms: _Histograms | None = None
         self._provider: SdkMeterProvider | None = None
+        self._failing = False
+        self._last_export = time.time()
+        self._destination = ""
         if exporter is not None:
+            timeout_ms = _seconds_to_ms(export_timeout, "export_timeout")
+            self._export_timeout = (
+                DEFAULT_EXPORT_TIMEOUT if timeout_ms is None else timeout_ms / 1000.0
+            )
             if meter_provider is not None:
                 raise ValueError(
                     "OpenTelemetryEventHandler(exporter): give an exporter or a "
@@ -534,7 +665,12 @@ class OpenTelemetryEventHandler(ClosesOnExit):
                 exporter, meter_name, export_interval, resource, max_buckets
             )
         else:
-            for name, value in (("export_interval", export_interval), ("resource", resource)):
+            self._export_timeout = DEFAULT_EXPORT_TIMEOUT
+            for name, value in (
+                ("export_interval", export_interval),
+                ("resource", resource),
+                ("export_timeout", export_timeout),
+            ):
                 if value is not None:
                     raise ValueError(f"OpenTelemetryEventHandler({name}): only with an exporter")
             if meter_provider is None:
@@ -613,9 +749,16 @@ class OpenTelemetryEventHandler(ClosesOnExit):
             max_buckets=_check_max_buckets(max_buckets),
             delta=delta,
         )
-        reader = _periodic_reader(exporter, self._histograms, interval_ms, None)
-        # Not the provider's own exit hook: its shutdown exports only if the
-        # reader has a thread (not with export_interval=math.inf); close() does.
+        endpoint = getattr(exporter, "_endpoint", None)
+        self._destination = endpoint if isinstance(endpoint, str) else type(exporter).__name__
+        _install_mute()
+        reporting = _exporter_class()(exporter, self._export_outcome)
+        if interval_ms is not None and interval_ms == math.inf:
+            interval_ms = _NEVER_MS
+        reader = _periodic_reader(
+            reporting, self._histograms, interval_ms, self._export_timeout * 1000.0
+        )
+        # Not the provider's own exit hook: close() bounds the last export.
         self._provider = MeterProvider(
             metric_readers=[reader], resource=resource, shutdown_on_exit=False
         )
@@ -633,13 +776,18 @@ class OpenTelemetryEventHandler(ClosesOnExit):
         resource_attributes: Mapping[str, _AttributeValue] | None = None,
         meter_name: str = "torchmon",
         max_buckets: int = DEFAULT_MAX_BUCKETS,
+        export_timeout: float | None = None,
     ) -> OpenTelemetryEventHandler:
         """A handler pushing this rank's metrics over OTLP/HTTP (needs
         ``pip install opentelemetry-exporter-otlp-proto-http``).
 
         ``endpoint`` is the metrics URL (``http://collector:4318/v1/metrics``);
-        ``None`` leaves it, ``headers`` and ``timeout`` (seconds) to the
-        exporter's ``OTEL_EXPORTER_OTLP_*`` environment variables. The points
+        ``None`` leaves it and ``headers`` to the exporter's
+        ``OTEL_EXPORTER_OTLP_*`` environment variables. ``timeout`` (seconds)
+        bounds each export's requests and retries; ``None`` takes
+        ``OTEL_EXPORTER_OTLP_METRICS_TIMEOUT`` or ``OTEL_EXPORTER_OTLP_TIMEOUT``
+        if set, else ``export_timeout`` (5 s by default), which also bounds
+        :meth:`flush` and the exit. The points
         carry this rank's ``rank``, ``local_rank``, ``node`` and ``job``
         (torchrun's ``RANK``, ``LOCAL_RANK``, ``GROUP_RANK`` and
         ``TORCHELASTIC_RUN_ID``; the Prometheus sink's labels) and then
@@ -671,6 +819,15 @@ class OpenTelemetryEventHandler(ClosesOnExit):
         ):
             raise TypeError("OpenTelemetryEventHandler.otlp(headers): must map str to str")
         timeout_ms = _seconds_to_ms(timeout, "timeout")
+        export_timeout_ms = _seconds_to_ms(export_timeout, "export_timeout")
+        if timeout_ms is None and not any(
+            os.environ.get(name)
+            for name in ("OTEL_EXPORTER_OTLP_METRICS_TIMEOUT", "OTEL_EXPORTER_OTLP_TIMEOUT")
+        ):
+            # The exporter's own default is 10 s per export, retries included.
+            timeout_ms = (
+                DEFAULT_EXPORT_TIMEOUT * 1000.0 if export_timeout_ms is None else export_timeout_ms
+            )
         labels, identity = _rank_identity()
         extra = _check_attributes(resource_attributes)
         # Ours are defaults: OTEL_SERVICE_NAME and OTEL_RESOURCE_ATTRIBUTES
@@ -693,6 +850,7 @@ class OpenTelemetryEventHandler(ClosesOnExit):
             attributes={**labels, **_check_attributes(attributes)},
             meter_name=meter_name,
             max_buckets=max_buckets,
+            export_timeout=export_timeout,
         )
 
     def _claim(self, name: str, source: str, histogram: bool) -> bool:
@@ -755,28 +913,104 @@ class OpenTelemetryEventHandler(ClosesOnExit):
     def _set(self, gauge: Gauge, value: float) -> None:
         gauge.set(value, attributes=self._attributes)
 
-    def flush(self, timeout: float = 10.0) -> None:
+    def flush(self, timeout: float | None = None) -> bool:
         """Exports now (with an exporter; otherwise nothing to do): what the
-        gauges hold and the histograms. ``torchmon.flush()`` calls it after
-        the Stats' open windows reached this handler."""
-        if self._provider is not None and not self._closed and not self._inherited():
-            self._provider.force_flush(timeout_millis=timeout * 1000.0)
+        gauges hold and the histograms. Waits at most ``timeout`` seconds
+        (``None``: ``export_timeout``); returns whether the export finished
+        in time and succeeded. ``torchmon.flush()`` calls it after the
+        Stats' open windows reached this handler and the local sinks were
+        flushed."""
+        provider = self._provider
+        if provider is None or self._closed or self._inherited():
+            return True
+        seconds = self._export_timeout if timeout is None else timeout
+        ok = self._bounded(lambda: provider.force_flush(timeout_millis=seconds * 1000.0), seconds)
+        return ok and not self._failing
 
     def close(self) -> None:
         """Exports a last time and shuts down the handler's own meter
-        provider and exporter (with an exporter; otherwise nothing to do).
-        Later events are ignored. Idempotent."""
+        provider and exporter (with an exporter; otherwise nothing to do),
+        waiting at most ``export_timeout`` seconds for the export. Later
+        events are ignored. Idempotent."""
+        self._close(at_exit=False)
+
+    def _close(self, *, at_exit: bool) -> None:
         if self._closed:
             return
         self._closed = True
         if self._at_exit is not None:
             atexit.unregister(self._at_exit)
             self._at_exit = None
-        if self._provider is not None and not self._inherited():
-            # The reader's shutdown collects once more only if it has an
-            # exporting thread: export_interval=math.inf has none.
-            self._provider.force_flush()
-            self._provider.shutdown()
+        provider = self._provider
+        if provider is None or self._inherited():
+            # A forked child's copy: the parent's exporter and data are the
+            # parent's to send.
+            return
+        if at_exit:
+            # Sinks writing locally first: a dead collector must not keep
+            # them waiting until the process is killed.
+            _flush_local_sinks()
+        reader_thread = self._reader_thread()
+        # The reader's thread makes the last export; the shutdown waits for
+        # it at most export_timeout, then shuts the exporter down (which
+        # stops its retries).
+        provider.shutdown(timeout_millis=self._export_timeout * 1000.0)
+        if reader_thread is not None and reader_thread.is_alive():
+            self._report(f"did not finish within export_timeout={self._export_timeout:g} s")
+
+    def _reader_thread(self) -> threading.Thread | None:
+        provider = self._provider
+        readers = getattr(getattr(provider, "_sdk_config", None), "metric_readers", ())
+        for reader in readers:
+            thread = getattr(reader, "_daemon_thread", None)
+            if isinstance(thread, threading.Thread):
+                return thread
+        return None
+
+    def _bounded(self, work: Callable[[], object], seconds: float) -> bool:
+        """Runs ``work`` on a helper thread, waiting ``seconds`` at most; it
+        runs here when no thread can be started (interpreter shutdown)."""
+        done = threading.Event()
+
+        def run() -> None:
+            try:
+                work()
+            except Exception as exc:
+                self._export_outcome(False, repr(exc))
+            finally:
+                done.set()
+
+        try:
+            threading.Thread(target=run, name="torchmon-otel-flush", daemon=True).start()
+        except RuntimeError:
+            run()
+        if done.wait(seconds):
+            return True
+        self._report(f"did not finish within {seconds:g} s")
+        return False
+
+    def _export_outcome(self, success: bool, reason: str) -> None:
+        if success:
+            self._failing = False
+            self._last_export = time.time()
+        else:
+            self._report(reason.splitlines()[0] if reason else "the export failed")
+
+    def _report(self, why: str) -> None:
+        """One stderr line per outage: until an export succeeds again,
+        later failures are silent."""
+        if self._failing:
+            return
+        self._failing = True
+        since = time.strftime("%H:%M:%S", time.localtime(self._last_export))
+        try:
+            sys.stderr.write(
+                f"torchmon: OpenTelemetryEventHandler: the metrics since {since} were not "
+                f"sent to {self._destination}: {why}\n"
+            )
+            sys.stderr.flush()
+        except (OSError, ValueError, AttributeError):
+            pass  # no stderr (closed, or None under pythonw)
 
     def __repr__(self) -> str:
         return (

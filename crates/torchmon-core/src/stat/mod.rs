@@ -43,6 +43,12 @@ const INDEX_MASK: u64 = DROP_BIT - 1;
 /// (2**61 samples at a billion per second take 73 years.)
 pub const MAX_SAMPLES_CAP: u64 = 1 << 61;
 
+/// The longest Stat name, in characters (docs/api.md, "Stat"). Every sink's
+/// name derived from it fits: an OpenTelemetry instrument name (at most 255
+/// characters) is the name, `.stddev` and possibly the prefix `torchmon.`;
+/// a Prometheus scrape repeats the name on every series of every window.
+pub const MAX_NAME_CHARS: usize = 200;
+
 /// The id of "no window yet", the initial `cur_id`/`closed_id` of the
 /// window algorithm (docs/internals.md). Window ids here are torch's shifted
 /// down by one (`t // window_ms`, not `+ 1`), so

@@ -1,0 +1,97 @@
+"""An OpenTelemetry collector that is down or never answers costs a bounded
+time: ``torchmon.flush()`` and the process exit each wait at most the
+handler's ``export_timeout`` for it, the other sinks are flushed first and
+keep every window, and what was not sent is one line on stderr, not a log
+line per retry (docs/sinks.md, "Unreachable collector").
+
+Each case runs in a child process with a timeout, against a port on
+127.0.0.1 that refuses connections or a socket that accepts them and never
+answers.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("opentelemetry.sdk.metrics")
+pytest.importorskip(
+    "opentelemetry.exporter.otlp.proto.http.metric_exporter",
+    reason="the OTLP/HTTP exporter (the otlp extra) is not installed",
+)
+
+EXPORT_TIMEOUT = 1.0
+
+# The OTLP handler is made first, so that its exit hook would run last of
+# the two if nothing ordered them; JSONL must be complete either way.
+CHILD = """
+import json, sys, time
+from datetime import timedelta
+import torchmon
+
+endpoint, events, timeout = sys.argv[1], sys.argv[2], float(sys.argv[3])
+otlp = torchmon.OpenTelemetryEventHandler.otlp(endpoint, export_timeout=timeout)
+torchmon.register_event_handler(otlp)
+torchmon.register_event_handler(torchmon.JsonlEventHandler(events))
+stat = torchmon.Stat("loss", [torchmon.Aggregation.MEAN], timedelta(hours=1))
+stat.add(1.0)
+start = time.monotonic()
+torchmon.flush()
+print(json.dumps({"flush_seconds": time.monotonic() - start}), flush=True)
+stat.add(2.0)  # emitted by the exit flush
+"""
+
+
+@contextmanager
+def refused_port() -> Iterator[str]:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    yield f"http://127.0.0.1:{port}/v1/metrics"
+
+
+@contextmanager
+def silent_listener() -> Iterator[str]:
+    """A socket whose backlog accepts connections that nobody ever reads."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen(64)
+        yield f"http://127.0.0.1:{s.getsockname()[1]}/v1/metrics"
+
+
+@pytest.mark.parametrize("collector", [refused_port, silent_listener], ids=["refused", "silent"])
+def test_dead_collector_bounds_flush_and_exit(collector: object, tmp_path: Path) -> None:
+    events = tmp_path / "events.jsonl"
+    with collector() as endpoint:  # type: ignore[operator]
+        start = time.monotonic()
+        child = subprocess.run(
+            [sys.executable, "-c", CHILD, endpoint, str(events), str(EXPORT_TIMEOUT)],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        total = time.monotonic() - start
+    assert child.returncode == 0, child.stderr
+    flush_seconds = json.loads(child.stdout)["flush_seconds"]
+    # One export_timeout for the flush, one for the exit's last export, and
+    # the interpreter's start and end (about a second here; the margins are
+    # for a loaded machine: before export_timeout, the exporter's own 10 s
+    # made these 7-10 s and 25-32 s, docs/performance.md).
+    assert flush_seconds < EXPORT_TIMEOUT + 2.0, child.stderr
+    assert total < 2 * EXPORT_TIMEOUT + 10.0, child.stderr
+    lines = child.stderr.splitlines()
+    assert not [line for line in lines if "retry" in line.lower() or "Transient" in line], lines
+    reports = [line for line in lines if line.startswith("torchmon: OpenTelemetryEventHandler")]
+    assert len(reports) == 1, lines
+    assert endpoint in reports[0] and "not sent" in reports[0]
+    assert len(lines) == 1, lines
+    written = [json.loads(line)["data"] for line in events.read_text().splitlines()]
+    assert written == [{"loss.mean": 1.0}, {"loss.mean": 2.0}]
