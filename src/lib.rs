@@ -37,7 +37,10 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
         _close_exit_gate, _exit_gate_state, _handler_count, EventHandlerHandle,
         register_event_handler, unregister_event_handler,
     };
-    use crate::py_stat::{_flush_all_stats, _flush_stats_now, _live_stat_count, Stat};
+    use crate::py_stat::{
+        _flush_all_stats, _flush_stats_now, _install_tensor_support, _live_stat_count,
+        _stat_add_by_id, _stat_window_now, Stat,
+    };
     crate::py_aggregation::add_to_module(m)?;
     m.add_class::<AsyncEventHandler>()?;
     m.add_class::<crate::py_event::DataValueT>()?;
@@ -58,6 +61,9 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(_flush_all_stats, m)?)?;
     m.add_function(wrap_pyfunction!(_live_stat_count, m)?)?;
     m.add_function(wrap_pyfunction!(_flush_stats_now, m)?)?;
+    m.add_function(wrap_pyfunction!(_install_tensor_support, m)?)?;
+    m.add_function(wrap_pyfunction!(_stat_add_by_id, m)?)?;
+    m.add_function(wrap_pyfunction!(_stat_window_now, m)?)?;
     m.add("STAT_EVENT", crate::py_stat::STAT_EVENT)?;
     m.add(
         "_BUCKET_MIDPOINTS",

@@ -1,0 +1,281 @@
+"""Recording torch tensors with ``Stat.add`` / ``Stat.add_many``, eagerly and
+inside ``torch.compile`` (docs/guide.md, "Recording tensors and torch.compile").
+
+``import torchmon`` does not import torch, nor this module's torch parts:
+:func:`install_when_imported` makes the eager support start when torch is
+imported (at once when it already is), and the compile support when
+``torch._dynamo`` is (``torch.compile`` imports it on its first call; importing
+it costs about as much as ``import torch``, so nothing here imports it).
+
+Eager: a CPU tensor is read at the call (no device is synchronised). A tensor
+on another device is kept, detached, with the clock reading of its call, and
+the Stat's pending tensors are read in one batch (one synchronisation) when a
+later tensor add falls in another window, at ``torchmon.flush()`` and at exit;
+each value then goes to the window of the call that added it.
+
+Compiled: dynamo cannot trace into a native method, so ``Stat.add`` and
+``Stat.add_many`` get a traceable stand-in (``torch.compiler.substitute_in_graph``)
+that calls the custom operator ``torchmon::record``. The operator takes a token
+tensor it declares as mutated, which keeps every call in the graph, in call
+order, and the Stat's ``_live_id`` (a number never reused), so that a graph
+does not keep its Stats alive. At run time the operator records as an eager
+add does.
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+from types import ModuleType
+
+from . import _core
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # typing is not imported by `import torchmon`
+    from typing import Any
+
+#: The oldest torch whose ``torch.compiler.substitute_in_graph`` and
+#: ``torch.library.custom_op`` this module uses.
+MIN_TORCH_FOR_COMPILE = (2, 5)
+
+_lock = threading.Lock()
+_torch: Any = None
+_compile_support_installed = False
+# The tensor every `torchmon::record` call in a graph mutates: it orders them
+# and keeps them from being removed as dead code.
+_token: Any = None
+# live_id -> [window id, clock readings, detached device tensors (1-d)]
+_pending: dict[int, tuple[int, list[int], list[Any]]] = {}
+
+
+def _check_values(values: Any, where: str, one_value: bool) -> Any:
+    """``values`` detached, flattened to 1-d, after the checks that make bad
+    input a clear error (docs/api.md, "Stat.add with a tensor")."""
+    argument = "v" if one_value else "values"
+    if values.is_complex():
+        raise TypeError(
+            f"{where}({argument}): a complex tensor ({values.dtype}) is not a real number"
+        )
+    if values.device.type == "meta":
+        raise ValueError(
+            f"{where}({argument}): a tensor on the meta device has no values to record"
+        )
+    if one_value:
+        if values.numel() != 1:
+            raise ValueError(
+                f"{where}({argument}): the tensor must hold one number, "
+                f"not {values.numel()} (shape {tuple(values.shape)})"
+            )
+    elif values.dim() != 1:
+        raise ValueError(
+            f"{where}({argument}): must be one-dimensional, "
+            f"not a tensor of shape {tuple(values.shape)}"
+        )
+    return values.detach().reshape(-1)
+
+
+def _record(live_id: int, values: Any) -> None:
+    """Records the 1-d detached tensor ``values`` into the Stat ``live_id``."""
+    if values.device.type == "cpu":
+        if values.numel() == 1:
+            # .item() is a tenth of .tolist()'s cost for one value.
+            _core._stat_add_by_id(live_id, [values.item()])
+        else:
+            _core._stat_add_by_id(live_id, values.tolist())
+        return
+    now = _core._stat_window_now(live_id)
+    if now is None:
+        return
+    now_ms, window_id = now
+    with _lock:
+        pending = _pending.get(live_id)
+        if pending is not None and pending[0] != window_id:
+            del _pending[live_id]
+            _read_pending(live_id, pending)
+            pending = None
+        if pending is None:
+            pending = _pending[live_id] = (window_id, [], [])
+        pending[1].extend([now_ms] * values.numel())
+        pending[2].append(values)
+
+
+def _read_pending(live_id: int, pending: tuple[int, list[int], list[Any]]) -> None:
+    """One device-to-host copy for all of a window's pending tensors."""
+    torch = _torch
+    _, times_ms, tensors = pending
+    # float64 holds every value of every dtype a Stat reads exactly, or
+    # rounded as float(int) rounds it.
+    values = torch.cat([t.to(torch.float64) for t in tensors]).cpu().tolist()
+    _core._stat_add_by_id(live_id, values, times_ms)
+
+
+def read_pending() -> None:
+    """Reads every Stat's pending device tensors (``torchmon.flush()`` and
+    exit call it)."""
+    with _lock:
+        pending = list(_pending.items())
+        _pending.clear()
+    for live_id, values in pending:
+        _read_pending(live_id, values)
+
+
+def add(stat: _core.Stat, v: Any) -> None:
+    """``Stat.add`` with a tensor (called by the native ``Stat.add``)."""
+    _record(stat._live_id, _check_values(v, "Stat.add", one_value=True))
+
+
+def add_many(stat: _core.Stat, values: Any) -> None:
+    """``Stat.add_many`` with a tensor (called by the native ``Stat.add_many``)."""
+    _record(stat._live_id, _check_values(values, "Stat.add_many", one_value=False))
+
+
+def _torch_version(torch: ModuleType) -> tuple[int, int]:
+    major, minor = str(torch.__version__).split(".")[:2]
+    return int(major), int("".join(c for c in minor if c.isdigit()) or 0)
+
+
+def _install_eager(torch: ModuleType) -> None:
+    global _torch
+    _torch = torch
+    if _core._install_tensor_support(torch.Tensor, add, add_many):
+        register_threading_atexit = getattr(threading, "_register_atexit", None)
+        if register_threading_atexit is not None:
+            # threading runs these last-registered-first, before the atexit
+            # handlers that emit the open windows (torchmon/__init__.py).
+            register_threading_atexit(read_pending)
+        else:  # pragma: no cover - every supported CPython has it
+            import atexit
+
+            atexit.register(read_pending)
+
+
+def _install_compile(torch: ModuleType) -> None:
+    """Makes ``stat.add(t)`` / ``stat.add_many(t)`` traceable by dynamo."""
+    global _compile_support_installed
+    if _compile_support_installed:
+        return
+    if _torch_version(torch) < MIN_TORCH_FOR_COMPILE:
+        import warnings
+
+        warnings.warn(
+            f"torchmon: recording tensors inside torch.compile needs torch >= "
+            f"{MIN_TORCH_FOR_COMPILE[0]}.{MIN_TORCH_FOR_COMPILE[1]}, this is "
+            f"{torch.__version__}: Stat.add in a compiled function breaks the graph",
+            RuntimeWarning,
+            stacklevel=2,
+        )
+        return
+    _compile_support_installed = True
+    global _token
+    _token = torch.empty(0)
+
+    # The schema is spelt out: this module's annotations are strings.
+    @torch.library.custom_op(  # type: ignore[untyped-decorator]
+        "torchmon::record",
+        mutates_args=("token",),
+        schema="(Tensor(a!) token, Tensor values, int live_id) -> ()",
+    )
+    def record(token: Any, values: Any, live_id: int) -> None:
+        _record(live_id, values.detach().reshape(-1))
+
+    @record.register_fake  # type: ignore[untyped-decorator]
+    def _(token: Any, values: Any, live_id: int) -> None:
+        return None
+
+    # dynamo traces a call of the operator's overload, not of the Python
+    # object custom_op made.
+    record_op = torch.ops.torchmon.record.default
+    original_add = _core.Stat.add
+    original_add_many = _core.Stat.add_many
+
+    @torch.compiler.substitute_in_graph(original_add, skip_signature_check=True)  # type: ignore[untyped-decorator]
+    def traceable_add(self: _core.Stat, v: Any) -> None:
+        if isinstance(v, torch.Tensor):
+            record_op(_token, _check_values(v, "Stat.add", one_value=True), self._live_id)
+        else:
+            # A number computed in the graph: left to the native method.
+            torch._dynamo.graph_break()
+            original_add(self, v)
+
+    @torch.compiler.substitute_in_graph(original_add_many, skip_signature_check=True)  # type: ignore[untyped-decorator]
+    def traceable_add_many(self: _core.Stat, values: Any) -> None:
+        if isinstance(values, torch.Tensor):
+            record_op(
+                _token, _check_values(values, "Stat.add_many", one_value=False), self._live_id
+            )
+        else:
+            torch._dynamo.graph_break()
+            original_add_many(self, values)
+
+
+class _AfterImport:
+    """A meta path finder that runs ``then(module)`` once ``name`` finished
+    importing, then leaves ``sys.meta_path``."""
+
+    def __init__(self, name: str, then: Any) -> None:
+        self.name = name
+        self.then = then
+
+    def find_spec(self, name: str, path: Any = None, target: Any = None) -> Any:
+        if name != self.name:
+            return None
+        for finder in sys.meta_path:
+            find_spec = getattr(finder, "find_spec", None)
+            if finder is self or find_spec is None:
+                continue
+            spec = find_spec(name, path, target)
+            if spec is not None:
+                break
+        else:
+            return None
+        self._remove()
+        loader = spec.loader
+        exec_module = getattr(loader, "exec_module", None)
+        if exec_module is None:
+            return spec
+        then = self.then
+
+        def exec_then(module: ModuleType) -> None:
+            exec_module(module)
+            _run_hook(then, module)
+
+        loader.exec_module = exec_then
+        return spec
+
+    def _remove(self) -> None:
+        try:
+            sys.meta_path.remove(self)  # type: ignore[arg-type]
+        except ValueError:
+            pass
+
+
+def _run_hook(then: Any, module: ModuleType) -> None:
+    # A failure here must not fail the user's `import torch`.
+    try:
+        then(module)
+    except Exception as exc:  # pragma: no cover - reported, not raised
+        import warnings
+
+        warnings.warn(
+            f"torchmon: could not install its torch support: {exc!r}",
+            RuntimeWarning,
+            stacklevel=2,
+        )
+
+
+def _when_imported(name: str, then: Any) -> None:
+    module = sys.modules.get(name)
+    if module is not None:
+        _run_hook(then, module)
+    else:
+        sys.meta_path.insert(0, _AfterImport(name, then))  # type: ignore[arg-type]
+
+
+def _on_torch(torch: ModuleType) -> None:
+    _install_eager(torch)
+    _when_imported("torch._dynamo", lambda _: _install_compile(torch))
+
+
+def install_when_imported() -> None:
+    """Called by ``import torchmon``."""
+    _when_imported("torch", _on_torch)
