@@ -9,9 +9,10 @@ it costs about as much as ``import torch``, so nothing here imports it).
 
 Eager: a CPU tensor is read at the call (no device is synchronised). A tensor
 on another device is kept, detached, with the clock reading of its call, and
-the Stat's pending tensors are read in one batch (one synchronisation) when a
-later tensor add falls in another window, at ``torchmon.flush()`` and at exit;
-each value then goes to the window of the call that added it.
+the Stat's pending tensors are read in one batch (one synchronisation) with
+the first tensor add that falls in a later window, at ``torchmon.flush()`` and
+at exit; each value then goes to the window of the call that added it, and the
+earlier window closes at that add, as with floats.
 
 Compiled: dynamo cannot trace into a native method, so ``Stat.add`` and
 ``Stat.add_many`` get a traceable stand-in (``torch.compiler.substitute_in_graph``)
@@ -74,9 +75,14 @@ def _check_values(values: Any, where: str, one_value: bool) -> Any:
     return values.detach().reshape(-1)
 
 
+#: Devices whose tensors are read at the call: reading them synchronises
+#: nothing. The tests empty it to run the deferred reads on CPU.
+_READ_AT_CALL = frozenset(("cpu",))
+
+
 def _record(live_id: int, values: Any) -> None:
     """Records the 1-d detached tensor ``values`` into the Stat ``live_id``."""
-    if values.device.type == "cpu":
+    if values.device.type in _READ_AT_CALL:
         if values.numel() == 1:
             # .item() is a tenth of .tolist()'s cost for one value.
             _core._stat_add_by_id(live_id, [values.item()])
@@ -89,14 +95,17 @@ def _record(live_id: int, values: Any) -> None:
     now_ms, window_id = now
     with _lock:
         pending = _pending.get(live_id)
-        if pending is not None and pending[0] != window_id:
-            del _pending[live_id]
-            _read_pending(live_id, pending)
-            pending = None
         if pending is None:
             pending = _pending[live_id] = (window_id, [], [])
         pending[1].extend([now_ms] * values.numel())
         pending[2].append(values)
+        if pending[0] == window_id:
+            return
+        # The first add of a later window: it is read with the earlier
+        # window's values, in the same copy, and closes that window now, as
+        # a float add would.
+        del _pending[live_id]
+    _read_pending(live_id, pending)
 
 
 def _read_pending(live_id: int, pending: tuple[int, list[int], list[Any]]) -> None:
