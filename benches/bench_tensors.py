@@ -34,11 +34,12 @@ VALUES_PER_STEP = 10
 
 
 def compiled_steps(backend: str) -> dict[str, Any]:
-    model = torch.nn.Sequential(
-        torch.nn.Linear(64, 128), torch.nn.ReLU(), torch.nn.Linear(128, 1)
-    )
+    model = torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.ReLU(), torch.nn.Linear(128, 1))
     params = {k: v.detach().clone() for k, v in model.named_parameters()}
-    ours = [torchmon.Stat(f"v{i}", [torchmon.MEAN, torchmon.P90], 60.0) for i in range(VALUES_PER_STEP)]
+    ours = [
+        torchmon.Stat(f"v{i}", [torchmon.MEAN, torchmon.P90], 60.0) for i in range(VALUES_PER_STEP)
+    ]
+
     def loss_fn(p: Any, x: Any, y: Any) -> Any:
         return torch.nn.functional.mse_loss(functional_call(model, p, (x,)), y)
 
@@ -94,7 +95,11 @@ def main() -> None:
     def run_nothing() -> None:
         steps["nothing"](x, y)
 
-    runs = {"torchmon in the step": run_torchmon, ".item() + torch.monitor": run_item_torch_monitor, "nothing": run_nothing}
+    runs = {
+        "torchmon in the step": run_torchmon,
+        ".item() + torch.monitor": run_item_torch_monitor,
+        "nothing": run_nothing,
+    }
     for run in runs.values():  # compile and warm up
         for _ in range(3):
             run()
@@ -106,7 +111,10 @@ def main() -> None:
                 run()
             times[name].append((time.perf_counter() - start) / args.steps * 1e6)
     baseline = statistics.median(times["nothing"])
-    print(f"compiled step ({args.backend}, {VALUES_PER_STEP} values recorded), median of {args.repeat} x {args.steps} steps:")
+    print(
+        f"compiled step ({args.backend}, {VALUES_PER_STEP} values recorded), "
+        f"median of {args.repeat} x {args.steps} steps:"
+    )
     for name, values in times.items():
         median = statistics.median(values)
         print(f"  {name:26s} {median:9.1f} us/step   {median / baseline:6.3f} x nothing")
@@ -115,9 +123,21 @@ def main() -> None:
     t = torch.tensor(1.5)
     env = {"stat": stat, "t": t, "math": math}
     print(f"eager, ns per call (min of {args.repeat} x {args.number}):")
-    fabs = min(timeit.Timer("math.fabs(1.5)", globals=env).repeat(args.repeat, args.number)) / args.number * 1e9
-    for label, stmt in (("stat.add(t)", "stat.add(t)"), ("stat.add(t.item())", "stat.add(t.item())"), ("math.fabs(1.5)", "math.fabs(1.5)")):
-        ns = min(timeit.Timer(stmt, globals=env).repeat(args.repeat, args.number)) / args.number * 1e9
+    fabs = (
+        min(timeit.Timer("math.fabs(1.5)", globals=env).repeat(args.repeat, args.number))
+        / args.number
+        * 1e9
+    )
+    for label, stmt in (
+        ("stat.add(t)", "stat.add(t)"),
+        ("stat.add(t.item())", "stat.add(t.item())"),
+        ("math.fabs(1.5)", "math.fabs(1.5)"),
+    ):
+        ns = (
+            min(timeit.Timer(stmt, globals=env).repeat(args.repeat, args.number))
+            / args.number
+            * 1e9
+        )
         print(f"  {label:26s} {ns:9.1f} ns   {ns / fabs:6.2f} x math.fabs(1.5)")
     del fabs
 

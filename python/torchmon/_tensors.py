@@ -253,7 +253,7 @@ class _AfterImport:
 
     def _remove(self) -> None:
         try:
-            sys.meta_path.remove(self)  # type: ignore[arg-type]
+            sys.meta_path.remove(self)
         except ValueError:
             pass
 
@@ -277,7 +277,7 @@ def _when_imported(name: str, then: Any) -> None:
     if module is not None:
         _run_hook(then, module)
     else:
-        sys.meta_path.insert(0, _AfterImport(name, then))  # type: ignore[arg-type]
+        sys.meta_path.insert(0, _AfterImport(name, then))
 
 
 def _on_torch(torch: ModuleType) -> None:

@@ -14,11 +14,11 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from support import run_python
 
 import torchmon
 from torchmon import _tensors
 from torchmon.testing import ManualClock
-from support import run_python
 
 torch = pytest.importorskip("torch")
 
@@ -261,9 +261,7 @@ print(json.dumps({
 """
 
 
-@pytest.mark.parametrize(
-    "backend", ["eager", pytest.param("inductor", marks=pytest.mark.slow)]
-)
+@pytest.mark.parametrize("backend", ["eager", pytest.param("inductor", marks=pytest.mark.slow)])
 def test_compiled_training_step_records_what_eager_records_without_graph_breaks(
     backend: str, tmp_path: Any
 ) -> None:
