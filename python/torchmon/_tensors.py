@@ -16,9 +16,9 @@ earlier window closes at that add, as with floats.
 
 Compiled: dynamo cannot trace into a native method, so ``Stat.add`` and
 ``Stat.add_many`` get a traceable stand-in (``torch.compiler.substitute_in_graph``)
-that calls the custom operator ``torchmon::record``. The operator takes a token
-tensor it declares as mutated, which keeps every call in the graph, in call
-order, and the Stat's ``_live_id`` (a number never reused), so that a graph
+that calls the operator ``torchmon::record`` (defined with torch.library).
+The operator takes a token tensor it declares as mutated, which keeps every
+call in the graph, in call order, and the Stat's ``_live_id`` (a number never reused), so that a graph
 does not keep its Stats alive. At run time the operator records as an eager
 add does.
 """
@@ -45,19 +45,23 @@ _compile_support_installed = False
 # The tensor every `torchmon::record` call in a graph mutates: it orders them
 # and keeps them from being removed as dead code.
 _token: Any = None
+# The torch.library.Library that defines `torchmon::record` (the operator
+# lives as long as it does).
+_library: Any = None
 # live_id -> [window id, clock readings, detached device tensors (1-d)]
 _pending: dict[int, tuple[int, list[int], list[Any]]] = {}
 
 
-def _check_values(values: Any, where: str, one_value: bool) -> Any:
-    """``values`` detached, flattened to 1-d, after the checks that make bad
-    input a clear error (docs/api.md, "Stat.add with a tensor")."""
+def _check_values(values: Any, where: str, one_value: bool) -> None:
+    """The checks that make a bad tensor a clear error (docs/api.md,
+    ``Stat.add``). Only cheap tensor methods: a new tensor (``detach``,
+    ``reshape``) costs microseconds in eager mode, more than the add."""
     argument = "v" if one_value else "values"
     if values.is_complex():
         raise TypeError(
             f"{where}({argument}): a complex tensor ({values.dtype}) is not a real number"
         )
-    if values.device.type == "meta":
+    if values.is_meta:
         raise ValueError(
             f"{where}({argument}): a tensor on the meta device has no values to record"
         )
@@ -72,27 +76,32 @@ def _check_values(values: Any, where: str, one_value: bool) -> Any:
             f"{where}({argument}): must be one-dimensional, "
             f"not a tensor of shape {tuple(values.shape)}"
         )
-    return values.detach().reshape(-1)
 
 
-#: Devices whose tensors are read at the call: reading them synchronises
-#: nothing. The tests empty it to run the deferred reads on CPU.
-_READ_AT_CALL = frozenset(("cpu",))
+#: Whether CPU tensors are read at the call (reading them synchronises
+#: nothing). The tests clear it to run the deferred reads of other devices
+#: on CPU tensors.
+_read_cpu_at_call = True
+
+
+def _read_at_call(values: Any) -> bool:
+    return bool(values.is_cpu) and _read_cpu_at_call
 
 
 def _record(live_id: int, values: Any) -> None:
-    """Records the 1-d detached tensor ``values`` into the Stat ``live_id``."""
-    if values.device.type in _READ_AT_CALL:
-        if values.numel() == 1:
-            # .item() is a tenth of .tolist()'s cost for one value.
-            _core._stat_add_by_id(live_id, [values.item()])
-        else:
-            _core._stat_add_by_id(live_id, values.tolist())
+    """Records the checked tensor ``values`` (one number, or 1-d) into the
+    Stat ``live_id``: what the compiled graph's operator runs."""
+    if _read_at_call(values):
+        # .item() and .tolist() read the values without the autograd graph.
+        one = values.numel() == 1
+        _core._stat_add_by_id(live_id, [values.item()] if one else values.tolist())
         return
     now = _core._stat_window_now(live_id)
     if now is None:
         return
     now_ms, window_id = now
+    # Kept detached: no autograd graph stays alive.
+    values = values.detach().reshape(-1)
     with _lock:
         pending = _pending.get(live_id)
         if pending is None:
@@ -130,12 +139,28 @@ def read_pending() -> None:
 
 def add(stat: _core.Stat, v: Any) -> None:
     """``Stat.add`` with a tensor (called by the native ``Stat.add``)."""
-    _record(stat._live_id, _check_values(v, "Stat.add", one_value=True))
+    if v.is_cpu and _read_cpu_at_call:
+        # The common case first, checked by what .item() returns: each
+        # tensor method called costs ~0.1-0.5 us, the add itself 0.1 us.
+        try:
+            value = v.item()  # RuntimeError for more than one element
+        except RuntimeError:
+            value = None
+        if value is None or type(value) is complex:
+            _check_values(v, "Stat.add", one_value=True)  # raises the clear error
+        stat.add(value)  # a Python number: the native path
+        return
+    _check_values(v, "Stat.add", one_value=True)
+    _record(stat._live_id, v)
 
 
 def add_many(stat: _core.Stat, values: Any) -> None:
     """``Stat.add_many`` with a tensor (called by the native ``Stat.add_many``)."""
-    _record(stat._live_id, _check_values(values, "Stat.add_many", one_value=False))
+    _check_values(values, "Stat.add_many", one_value=False)
+    if _read_at_call(values):
+        stat.add_many(values.tolist())
+    else:
+        _record(stat._live_id, values)
 
 
 def _torch_version(torch: ModuleType) -> tuple[int, int]:
@@ -175,24 +200,24 @@ def _install_compile(torch: ModuleType) -> None:
         )
         return
     _compile_support_installed = True
-    global _token
+    global _token, _library
     _token = torch.empty(0)
 
-    # The schema is spelt out: this module's annotations are strings.
-    @torch.library.custom_op(  # type: ignore[untyped-decorator]
-        "torchmon::record",
-        mutates_args=("token",),
-        schema="(Tensor(a!) token, Tensor values, int live_id) -> ()",
-    )
-    def record(token: Any, values: Any, live_id: int) -> None:
-        _record(live_id, values.detach().reshape(-1))
+    # torch.library.Library rather than torch.library.custom_op: custom_op's
+    # Python wrapper costs ~100 us per call, this kernel ~15 us
+    # (docs/performance.md, "Recording tensors").
+    _library = torch.library.Library("torchmon", "DEF")
+    _library.define("record(Tensor(a!) token, Tensor values, int live_id) -> ()")
 
-    @record.register_fake  # type: ignore[untyped-decorator]
-    def _(token: Any, values: Any, live_id: int) -> None:
+    def record(token: Any, values: Any, live_id: int) -> None:
+        _record(live_id, values)
+
+    def record_fake(token: Any, values: Any, live_id: int) -> None:
         return None
 
-    # dynamo traces a call of the operator's overload, not of the Python
-    # object custom_op made.
+    _library.impl("record", record, "CompositeExplicitAutograd")
+    torch.library.register_fake("torchmon::record", record_fake, lib=_library)
+
     record_op = torch.ops.torchmon.record.default
     original_add = _core.Stat.add
     original_add_many = _core.Stat.add_many
@@ -200,7 +225,8 @@ def _install_compile(torch: ModuleType) -> None:
     @torch.compiler.substitute_in_graph(original_add, skip_signature_check=True)  # type: ignore[untyped-decorator]
     def traceable_add(self: _core.Stat, v: Any) -> None:
         if isinstance(v, torch.Tensor):
-            record_op(_token, _check_values(v, "Stat.add", one_value=True), self._live_id)
+            _check_values(v, "Stat.add", one_value=True)
+            record_op(_token, v.detach(), self._live_id)
         else:
             # A number computed in the graph: left to the native method.
             torch._dynamo.graph_break()
@@ -209,9 +235,8 @@ def _install_compile(torch: ModuleType) -> None:
     @torch.compiler.substitute_in_graph(original_add_many, skip_signature_check=True)  # type: ignore[untyped-decorator]
     def traceable_add_many(self: _core.Stat, values: Any) -> None:
         if isinstance(values, torch.Tensor):
-            record_op(
-                _token, _check_values(values, "Stat.add_many", one_value=False), self._live_id
-            )
+            _check_values(values, "Stat.add_many", one_value=False)
+            record_op(_token, values.detach(), self._live_id)
         else:
             torch._dynamo.graph_break()
             original_add_many(self, values)

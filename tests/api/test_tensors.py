@@ -14,7 +14,6 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from support import run_python
 
 import torchmon
 from torchmon import _tensors
@@ -76,7 +75,7 @@ def read_mode(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -
     """CPU tensors are read at the call; the second mode runs the deferred
     reads that devices other than the CPU get, on CPU tensors."""
     if request.param == "read at window close":
-        monkeypatch.setattr(_tensors, "_READ_AT_CALL", frozenset())
+        monkeypatch.setattr(_tensors, "_read_cpu_at_call", False)
     return str(request.param)
 
 
@@ -122,7 +121,7 @@ def test_nan_and_inf_as_for_floats(twins: Twins, read_mode: str) -> None:
 def test_deferred_values_go_to_the_window_of_their_call(
     recorder: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(_tensors, "_READ_AT_CALL", frozenset())
+    monkeypatch.setattr(_tensors, "_read_cpu_at_call", False)
     with ManualClock() as clock:
         stat = torchmon.Stat("loss", [torchmon.SUM, torchmon.COUNT], 1.0)
         stat.add(torch.tensor(1.0))
@@ -181,35 +180,16 @@ def test_bad_tensors_are_clear_errors_and_add_nothing(
     assert stat.count == 0
 
 
-def test_torchmon_imported_before_torch_records_tensors_inside_compile() -> None:
-    # The support is installed when torch, then torch._dynamo, finish importing.
-    result = run_python(
-        """
-        import sys, torchmon
-        assert "torch" not in sys.modules
-        stat = torchmon.Stat("y", [torchmon.SUM, torchmon.COUNT], 60.0)
-        import torch
-        from torch._dynamo.utils import counters
-        step = torch.compile(lambda x: stat.add(x.sum()), fullgraph=True, backend="eager")
-        step(torch.ones(2))
-        step(torch.ones(2) * 2)
-        assert dict(counters["graph_break"]) == {}, counters["graph_break"]
-        print(stat.count, stat.get() if False else "")
-        torchmon.flush()
-        """,
-        timeout=300,
-    )
-    assert result.returncode == 0, result.stderr
-    assert result.stdout.split()[0] == "2"
-
-
 # A training step (forward, backward by torch.func, SGD update) recording the
 # loss, the gradient norm and a token count into three Stats, run eagerly and
 # compiled, over three windows (ManualClock); prints both runs' events.
+# torchmon is imported first: its torch support is installed when torch, and
+# then torch._dynamo, finish importing.
 _TRAINING_STEP = """
 import json, sys
-import torch
 import torchmon
+assert "torch" not in sys.modules
+import torch
 from torch._dynamo.utils import counters
 from torch.func import functional_call, grad_and_value
 from torchmon.testing import ManualClock
