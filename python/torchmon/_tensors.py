@@ -18,9 +18,9 @@ Compiled: dynamo cannot trace into a native method, so ``Stat.add`` and
 ``Stat.add_many`` get a traceable stand-in (``torch.compiler.substitute_in_graph``)
 that calls the operator ``torchmon::record`` (defined with torch.library).
 The operator takes a token tensor it declares as mutated, which keeps every
-call in the graph, in call order, and the Stat's ``_live_id`` (a number never reused), so that a graph
-does not keep its Stats alive. At run time the operator records as an eager
-add does.
+call in the graph, in call order, and the Stat's ``_live_id`` (a number never
+reused), so that a graph does not keep its Stats alive. At run time the
+operator records as an eager add does.
 """
 
 from __future__ import annotations
