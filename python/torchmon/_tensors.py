@@ -29,7 +29,7 @@ import sys
 import threading
 from types import ModuleType
 
-from . import _core
+from . import _core, _forksafe
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # typing is not imported by `import torchmon`
@@ -39,7 +39,9 @@ if TYPE_CHECKING:  # typing is not imported by `import torchmon`
 #: ``torch.library.custom_op`` this module uses.
 MIN_TORCH_FOR_COMPILE = (2, 5)
 
-_lock = threading.Lock()
+# Guards _pending; released in a forked child (a DataLoader worker may fork
+# while the training thread holds it).
+_lock = _forksafe.new_lock()
 _torch: Any = None
 _compile_support_installed = False
 # The tensor every `torchmon::record` call in a graph mutates: it orders them
