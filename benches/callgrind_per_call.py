@@ -39,6 +39,9 @@ fields = {"a": 1, "b": 2.5, "c": "x"}
 event = m.Event("e", now, fields)
 Event = m.Event
 log_event = m.log_event
+import array
+floats10 = [1.5] * 10
+array10 = array.array("d", floats10)
 if HANDLERS:
     m.register_event_handler(lambda e: None)
 """
@@ -48,6 +51,10 @@ CASES = [
     ("math.fabs(1.5)", "fabs(1.5)", 0),
     ("Stat.add(1.5), 5 aggregations", "stat5.add(1.5)", 0),
     ("Stat.add(1.5), 12 aggregations (with STDDEV, P50..P999)", "stat12.add(1.5)", 0),
+    # Not an exact float: the ordinary path, where a tensor is recognised.
+    ("Stat.add(1), an int, 5 aggregations", "stat5.add(1)", 0),
+    ("Stat.add_many(array of 10 float64), 5 aggregations", "stat5.add_many(array10)", 0),
+    ("Stat.add_many(list of 10 floats), 5 aggregations", "stat5.add_many(floats10)", 0),
     ("log_event, 0 handlers", "log_event(event)", 0),
     ("log_event, 1 handler (a lambda)", "log_event(event)", 1),
     ("Event(name, ts, prebuilt 3-field dict)", "Event('e', now, fields)", 0),
@@ -61,7 +68,7 @@ def instructions(stmt: str, handlers: int, n: int, workdir: Path, module: str) -
     script = workdir / "case.py"
     body = SETUP.replace("HANDLERS", str(handlers)).replace("MODULE", module)
     # A function's loop, so the names are fast locals, not module globals.
-    names = "fabs, stat5, stat12, now, fields, event, Event, log_event"
+    names = "fabs, stat5, stat12, now, fields, event, Event, log_event, floats10, array10"
     script.write_text(
         f"{body}\ndef run({names}):\n    for _ in range({n}):\n        {stmt}\nrun({names})\n"
     )

@@ -39,7 +39,8 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
         register_event_handler, unregister_event_handler,
     };
     use crate::py_stat::{
-        _flush_all_stats, _flush_stats_now, _live_stat_count, _reset_stats_after_fork, Stat,
+        _flush_all_stats, _flush_stats_now, _install_tensor_support, _live_stat_count,
+        _reset_stats_after_fork, _stat_add_by_id, _stat_window_now, Stat,
     };
     crate::py_aggregation::add_to_module(m)?;
     m.add_class::<AsyncEventHandler>()?;
@@ -67,6 +68,9 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(_live_stat_count, m)?)?;
     m.add_function(wrap_pyfunction!(_flush_stats_now, m)?)?;
     m.add_function(wrap_pyfunction!(_reset_stats_after_fork, m)?)?;
+    m.add_function(wrap_pyfunction!(_install_tensor_support, m)?)?;
+    m.add_function(wrap_pyfunction!(_stat_add_by_id, m)?)?;
+    m.add_function(wrap_pyfunction!(_stat_window_now, m)?)?;
     m.add("STAT_EVENT", crate::py_stat::STAT_EVENT)?;
     m.add("MAX_STAT_NAME_LENGTH", torchmon_core::stat::MAX_NAME_CHARS)?;
     m.add(

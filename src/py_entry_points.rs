@@ -297,7 +297,7 @@ unsafe extern "C" fn stat_add(
         Python::attach(|py| {
             // SAFETY: `args`/`nargs`/`kwnames` are what CPython passed.
             let v = unsafe { single_argument(py, args, nargs, kwnames, "Stat.add", "v") }?;
-            stat.get().add_value(py, &v).map(|()| none())
+            Stat::add_value(&stat, py, &v).map(|()| none())
         })
     })
 }

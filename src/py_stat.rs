@@ -154,11 +154,23 @@ pub struct Stat {
 }
 
 impl Stat {
-    /// `Stat.add(v)`'s body; its entry point is `py_entry_points::stat_add`.
-    pub(crate) fn add_value(&self, py: Python<'_>, v: &Bound<'_, PyAny>) -> PyResult<()> {
+    /// `Stat.add(v)`'s body after the float fast path; its entry point is
+    /// `py_entry_points::stat_add`. A torch tensor goes to torchmon._tensors
+    /// (only once torch was imported, and after the float path, which stays
+    /// untouched).
+    pub(crate) fn add_value(
+        slf: &Bound<'_, Stat>,
+        py: Python<'_>,
+        v: &Bound<'_, PyAny>,
+    ) -> PyResult<()> {
+        if let Some(support) = tensor_support(py, v)? {
+            support.add.bind(py).call1((slf, v))?;
+            return Ok(());
+        }
         let value = sample(v)?;
-        let closed = self.record(value);
-        self.emit_closed(py, &closed)
+        let this = slf.get();
+        let closed = this.record(value);
+        this.emit_closed(py, &closed)
     }
 
     /// Adds one sample to the core; returns the windows it closed.
@@ -390,18 +402,35 @@ impl Stat {
     /// a one-dimensional buffer of float64/float32 or (un)signed integers,
     /// read in place, or any iterable of numbers. Nothing is added when one
     /// of the values is not a number.
-    fn add_many(&self, py: Python<'_>, values: &Bound<'_, PyAny>) -> PyResult<()> {
+    fn add_many(slf: &Bound<'_, Self>, py: Python<'_>, values: &Bound<'_, PyAny>) -> PyResult<()> {
+        let core = &slf.get().shared.core;
         let closed = match PyUntypedBuffer::get(values) {
-            Ok(buffer) => match add_buffer(&self.shared.core, py, &buffer)? {
+            Ok(buffer) => match add_buffer(core, py, &buffer)? {
                 Some(closed) => closed,
-                None => add_iterable(&self.shared.core, values)?,
+                None => add_iterable(core, values)?,
             },
-            Err(_) => add_iterable(&self.shared.core, values)?,
+            // A torch tensor has no buffer interface: checked here, off the
+            // buffer path.
+            Err(_) => match tensor_support(py, values)? {
+                Some(support) => {
+                    support.add_many.bind(py).call1((slf, values))?;
+                    return Ok(());
+                }
+                None => add_iterable(core, values)?,
+            },
         };
         if closed.is_empty() {
             return Ok(());
         }
-        self.shared.emit(py, &closed)
+        slf.get().shared.emit(py, &closed)
+    }
+
+    /// A number that identifies this Stat for the life of the process (never
+    /// reused), by which a compiled graph records into it without keeping
+    /// it alive (torchmon._tensors).
+    #[getter]
+    fn _live_id(&self) -> u64 {
+        self.live_id
     }
 
     /// The last closed window: `{Aggregation: float}`.
@@ -520,6 +549,106 @@ pub fn _reset_stats_after_fork() -> usize {
 pub fn init_lazy(py: Python<'_>) {
     stat_event_name(py);
     LazyLock::force(&LIVE);
+}
+
+/// torch.Tensor and the functions of torchmon._tensors that record tensors,
+/// set once torch is imported (docs/guide.md, "Recording tensors and
+/// torch.compile").
+struct TensorSupport {
+    tensor_type: Py<PyAny>,
+    add: Py<PyAny>,
+    add_many: Py<PyAny>,
+}
+
+static TENSOR_SUPPORT: PyOnceLock<TensorSupport> = PyOnceLock::new();
+
+/// The tensor handlers when `v` is a torch tensor.
+fn tensor_support<'a>(py: Python<'a>, v: &Bound<'_, PyAny>) -> PyResult<Option<&'a TensorSupport>> {
+    match TENSOR_SUPPORT.get(py) {
+        Some(support) if v.is_instance(support.tensor_type.bind(py))? => Ok(Some(support)),
+        _ => Ok(None),
+    }
+}
+
+/// Called once by torchmon._tensors when torch is imported: from then on
+/// `Stat.add` and `Stat.add_many` hand tensors to `add` / `add_many`
+/// (called with the Stat and the tensor). Later calls change nothing.
+#[pyfunction]
+pub fn _install_tensor_support(
+    py: Python<'_>,
+    tensor_type: Py<PyAny>,
+    add: Py<PyAny>,
+    add_many: Py<PyAny>,
+) -> bool {
+    let mut installed = false;
+    TENSOR_SUPPORT.get_or_init(py, || {
+        installed = true;
+        TensorSupport {
+            tensor_type,
+            add,
+            add_many,
+        }
+    });
+    installed
+}
+
+fn live_stat(live_id: u64) -> Option<Arc<StatShared>> {
+    LIVE.lock().get(&live_id).and_then(Weak::upgrade)
+}
+
+/// Adds `values` to the live Stat `live_id`, the value `values[i]` at the
+/// clock reading `times_ms[i]` (or all now when `times_ms` is None), in
+/// order; a Stat that no longer lives records nothing. What a compiled graph
+/// and the deferred reads of device tensors call (torchmon._tensors).
+/// Returns whether the Stat lives.
+#[pyfunction]
+#[pyo3(signature = (live_id, values, times_ms = None))]
+pub fn _stat_add_by_id(
+    py: Python<'_>,
+    live_id: u64,
+    values: Vec<f64>,
+    times_ms: Option<Vec<i64>>,
+) -> PyResult<bool> {
+    let Some(stat) = live_stat(live_id) else {
+        return Ok(false);
+    };
+    let mut failures = Failures::default();
+    let mut emit = |closed: Closed| {
+        if !closed.is_empty()
+            && let Err(err) = stat.emit(py, &closed)
+        {
+            failures.add(py, err, stat.name.bind(py).as_any());
+        }
+    };
+    match times_ms {
+        None => emit(stat.core.add_many_at(
+            values.len(),
+            |index| values[index],
+            stat.core.now_ms(),
+        )),
+        Some(times) => {
+            if times.len() != values.len() {
+                return Err(PyValueError::new_err(format!(
+                    "_stat_add_by_id: {} values but {} times",
+                    values.len(),
+                    times.len()
+                )));
+            }
+            for (&value, &now_ms) in values.iter().zip(&times) {
+                emit(stat.core.add_at(value, now_ms));
+            }
+        }
+    }
+    failures.into_result().map(|()| true)
+}
+
+/// The clock reading the Stat `live_id` measures its windows on now, and the
+/// id of the window it falls in; None when the Stat no longer lives.
+#[pyfunction]
+pub fn _stat_window_now(live_id: u64) -> Option<(i64, i64)> {
+    let stat = live_stat(live_id)?;
+    let now_ms = stat.core.now_ms();
+    Some((now_ms, stat.core.window_id(now_ms)))
 }
 
 /// For tests: how many Stats are alive.

@@ -10,7 +10,7 @@ import atexit
 import os
 import threading
 
-from . import _core, _flush
+from . import _core, _flush, _tensors
 from ._core import (
     MAX_STAT_NAME_LENGTH,
     STAT_EVENT,
@@ -200,3 +200,7 @@ _install_exit_flush()
 # multiprocessing's fork and forkserver children end with os._exit(), without
 # atexit: they flush from multiprocessing's own exit step (torchmon/_flush.py).
 _flush._install()
+# Stat.add/add_many of torch tensors, and inside torch.compile: installed when
+# torch (and torch._dynamo) are imported, never importing them (docs/guide.md,
+# "Recording tensors and torch.compile").
+_tensors.install_when_imported()

@@ -3,7 +3,7 @@
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import date, datetime, time, timedelta
 from types import MappingProxyType, TracebackType
-from typing import ClassVar, Literal, TypeAlias, final
+from typing import ClassVar, Literal, SupportsFloat, TypeAlias, final
 
 from typing_extensions import Buffer
 
@@ -39,10 +39,13 @@ __all__ = [
     "_flush_all_stats",
     "_flush_stats_now",
     "_handler_count",
+    "_install_tensor_support",
     "_live_stat_count",
     "_reset_stats_after_fork",
     "_restart_async_handlers_after_fork",
     "_set_clock_ms",
+    "_stat_add_by_id",
+    "_stat_window_now",
     "_window_ms_of_seconds",
     "data_value_t",
     "log_event",
@@ -96,13 +99,16 @@ class Stat:
         window_size: timedelta | float,
         max_samples: int = ...,
     ) -> Stat: ...
-    def add(self, v: float) -> None: ...
-    def add_many(self, values: Iterable[float] | Buffer) -> None: ...
+    # SupportsFloat: a torch tensor too (these stubs do not import torch).
+    def add(self, v: SupportsFloat) -> None: ...
+    def add_many(self, values: Iterable[SupportsFloat] | Buffer) -> None: ...
     def get(self) -> dict[Aggregation, float]: ...
     @property
     def count(self) -> int: ...
     @property
     def name(self) -> str: ...
+    @property
+    def _live_id(self) -> int: ...
 
 @final
 class Event:
@@ -200,6 +206,15 @@ def _event_with_distribution(
     name: _Text, timestamp: datetime | date | time, data: _EventData, distribution: Distribution
 ) -> Event: ...
 def _reset_stats_after_fork() -> int: ...
+def _install_tensor_support(
+    tensor_type: type,
+    add: Callable[[Stat, object], object],
+    add_many: Callable[[Stat, object], object],
+) -> bool: ...
+def _stat_add_by_id(
+    live_id: int, values: list[float], times_ms: list[int] | None = None
+) -> bool: ...
+def _stat_window_now(live_id: int) -> tuple[int, int] | None: ...
 def _handler_count() -> int: ...
 def _set_clock_ms(ms: int | None) -> int | None: ...
 def _clock_ms() -> int: ...

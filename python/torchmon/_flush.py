@@ -17,7 +17,7 @@ import weakref
 from collections.abc import Iterable
 from types import FrameType
 
-from . import _core
+from . import _core, _tensors
 from ._errors import report_unraisable as _report_unraisable
 
 # typing costs about 9 ms of `import torchmon` (docs/performance.md): its
@@ -96,6 +96,11 @@ def _flush_here(timeout: float | None) -> bool:
     raises; the first error is raised at the end (``log_event``'s rule)."""
     deadline = None if timeout is None else time.monotonic() + timeout
     errors = _FirstError()
+    try:
+        # Device tensors not read yet go to their windows first.
+        _tensors.read_pending()
+    except BaseException as exc:
+        errors.add(exc, flush)
     try:
         _core._flush_stats_now()
     except BaseException as exc:

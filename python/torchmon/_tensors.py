@@ -1,0 +1,317 @@
+"""Recording torch tensors with ``Stat.add`` / ``Stat.add_many``, eagerly and
+inside ``torch.compile`` (docs/guide.md, "Recording tensors and torch.compile").
+
+``import torchmon`` does not import torch, nor this module's torch parts:
+:func:`install_when_imported` makes the eager support start when torch is
+imported (at once when it already is), and the compile support when
+``torch._dynamo`` is (``torch.compile`` imports it on its first call; importing
+it costs about as much as ``import torch``, so nothing here imports it).
+
+Eager: a CPU tensor is read at the call (no device is synchronised). A tensor
+on another device is kept, detached, with the clock reading of its call, and
+the Stat's pending tensors are read in one batch (one synchronisation) with
+the first tensor add that falls in a later window, at ``torchmon.flush()`` and
+at exit; each value then goes to the window of the call that added it, and the
+earlier window closes at that add, as with floats.
+
+Compiled: dynamo cannot trace into a native method, so ``Stat.add`` and
+``Stat.add_many`` get a traceable stand-in (``torch.compiler.substitute_in_graph``)
+that calls the operator ``torchmon::record`` (defined with torch.library).
+The operator takes a token tensor it declares as mutated, which keeps every
+call in the graph, in call order, and the Stat's ``_live_id`` (a number never
+reused), so that a graph does not keep its Stats alive. At run time the
+operator records as an eager add does.
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+from types import ModuleType
+
+from . import _core, _forksafe
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # typing is not imported by `import torchmon`
+    from typing import Any
+
+#: The oldest torch whose ``torch.compiler.substitute_in_graph`` and
+#: ``torch.library.custom_op`` this module uses.
+MIN_TORCH_FOR_COMPILE = (2, 5)
+
+# Guards _pending; released in a forked child (a DataLoader worker may fork
+# while the training thread holds it).
+_lock = _forksafe.new_lock()
+_torch: Any = None
+_compile_support_installed = False
+# The tensor every `torchmon::record` call in a graph mutates: it orders them
+# and keeps them from being removed as dead code.
+_token: Any = None
+# The torch.library.Library that defines `torchmon::record` (the operator
+# lives as long as it does).
+_library: Any = None
+# live_id -> [window id, clock readings, detached device tensors (1-d)]
+_pending: dict[int, tuple[int, list[int], list[Any]]] = {}
+
+
+def _check_values(values: Any, where: str, one_value: bool) -> None:
+    """The checks that make a bad tensor a clear error (docs/api.md,
+    ``Stat.add``). Only cheap tensor methods: a new tensor (``detach``,
+    ``reshape``) costs microseconds in eager mode, more than the add."""
+    argument = "v" if one_value else "values"
+    if values.is_complex():
+        raise TypeError(
+            f"{where}({argument}): a complex tensor ({values.dtype}) is not a real number"
+        )
+    if values.is_meta:
+        raise ValueError(
+            f"{where}({argument}): a tensor on the meta device has no values to record"
+        )
+    if one_value:
+        if values.numel() != 1:
+            raise ValueError(
+                f"{where}({argument}): the tensor must hold one number, "
+                f"not {values.numel()} (shape {tuple(values.shape)})"
+            )
+    elif values.dim() != 1:
+        raise ValueError(
+            f"{where}({argument}): must be one-dimensional, "
+            f"not a tensor of shape {tuple(values.shape)}"
+        )
+
+
+#: Whether CPU tensors are read at the call (reading them synchronises
+#: nothing). The tests clear it to run the deferred reads of other devices
+#: on CPU tensors.
+_read_cpu_at_call = True
+
+
+def _read_at_call(values: Any) -> bool:
+    return bool(values.is_cpu) and _read_cpu_at_call
+
+
+def _record(live_id: int, values: Any) -> None:
+    """Records the checked tensor ``values`` (one number, or 1-d) into the
+    Stat ``live_id``: what the compiled graph's operator runs."""
+    if _read_at_call(values):
+        # .item() and .tolist() read the values without the autograd graph.
+        one = values.numel() == 1
+        _core._stat_add_by_id(live_id, [values.item()] if one else values.tolist())
+        return
+    now = _core._stat_window_now(live_id)
+    if now is None:
+        return
+    now_ms, window_id = now
+    # Kept detached: no autograd graph stays alive.
+    values = values.detach().reshape(-1)
+    with _lock:
+        pending = _pending.get(live_id)
+        if pending is None:
+            pending = _pending[live_id] = (window_id, [], [])
+        pending[1].extend([now_ms] * values.numel())
+        pending[2].append(values)
+        if pending[0] == window_id:
+            return
+        # The first add of a later window: it is read with the earlier
+        # window's values, in the same copy, and closes that window now, as
+        # a float add would.
+        del _pending[live_id]
+    _read_pending(live_id, pending)
+
+
+def _read_pending(live_id: int, pending: tuple[int, list[int], list[Any]]) -> None:
+    """One device-to-host copy for all of a window's pending tensors."""
+    torch = _torch
+    _, times_ms, tensors = pending
+    # float64 holds every value of every dtype a Stat reads exactly, or
+    # rounded as float(int) rounds it.
+    values = torch.cat([t.to(torch.float64) for t in tensors]).cpu().tolist()
+    _core._stat_add_by_id(live_id, values, times_ms)
+
+
+def read_pending() -> None:
+    """Reads every Stat's pending device tensors (``torchmon.flush()`` and
+    exit call it)."""
+    with _lock:
+        pending = list(_pending.items())
+        _pending.clear()
+    for live_id, values in pending:
+        _read_pending(live_id, values)
+
+
+def add(stat: _core.Stat, v: Any) -> None:
+    """``Stat.add`` with a tensor (called by the native ``Stat.add``)."""
+    if v.is_cpu and _read_cpu_at_call:
+        # The common case first, checked by what .item() returns: each
+        # tensor method called costs ~0.1-0.5 us, the add itself 0.1 us.
+        try:
+            value = v.item()  # RuntimeError for more than one element
+        except RuntimeError:
+            value = None
+        if value is None or type(value) is complex:
+            _check_values(v, "Stat.add", one_value=True)  # raises the clear error
+        stat.add(value)  # a Python number: the native path
+        return
+    _check_values(v, "Stat.add", one_value=True)
+    _record(stat._live_id, v)
+
+
+def add_many(stat: _core.Stat, values: Any) -> None:
+    """``Stat.add_many`` with a tensor (called by the native ``Stat.add_many``)."""
+    _check_values(values, "Stat.add_many", one_value=False)
+    if _read_at_call(values):
+        stat.add_many(values.tolist())
+    else:
+        _record(stat._live_id, values)
+
+
+def _torch_version(torch: ModuleType) -> tuple[int, int]:
+    major, minor = str(torch.__version__).split(".")[:2]
+    return int(major), int("".join(c for c in minor if c.isdigit()) or 0)
+
+
+def _install_eager(torch: ModuleType) -> None:
+    global _torch
+    _torch = torch
+    if _core._install_tensor_support(torch.Tensor, add, add_many):
+        register_threading_atexit = getattr(threading, "_register_atexit", None)
+        if register_threading_atexit is not None:
+            # threading runs these last-registered-first, before the atexit
+            # handlers that emit the open windows (torchmon/__init__.py).
+            register_threading_atexit(read_pending)
+        else:  # pragma: no cover - every supported CPython has it
+            import atexit
+
+            atexit.register(read_pending)
+
+
+def _install_compile(torch: ModuleType) -> None:
+    """Makes ``stat.add(t)`` / ``stat.add_many(t)`` traceable by dynamo."""
+    global _compile_support_installed
+    if _compile_support_installed:
+        return
+    if _torch_version(torch) < MIN_TORCH_FOR_COMPILE:
+        import warnings
+
+        warnings.warn(
+            f"torchmon: recording tensors inside torch.compile needs torch >= "
+            f"{MIN_TORCH_FOR_COMPILE[0]}.{MIN_TORCH_FOR_COMPILE[1]}, this is "
+            f"{torch.__version__}: Stat.add in a compiled function breaks the graph",
+            RuntimeWarning,
+            stacklevel=2,
+        )
+        return
+    _compile_support_installed = True
+    global _token, _library
+    _token = torch.empty(0)
+
+    # torch.library.Library rather than torch.library.custom_op: custom_op's
+    # Python wrapper costs ~100 us per call, this kernel ~15 us
+    # (docs/performance.md, "Recording tensors").
+    _library = torch.library.Library("torchmon", "DEF")
+    _library.define("record(Tensor(a!) token, Tensor values, int live_id) -> ()")
+
+    def record(token: Any, values: Any, live_id: int) -> None:
+        _record(live_id, values)
+
+    def record_fake(token: Any, values: Any, live_id: int) -> None:
+        return None
+
+    _library.impl("record", record, "CompositeExplicitAutograd")
+    torch.library.register_fake("torchmon::record", record_fake, lib=_library)
+
+    record_op = torch.ops.torchmon.record.default
+    original_add = _core.Stat.add
+    original_add_many = _core.Stat.add_many
+
+    @torch.compiler.substitute_in_graph(original_add, skip_signature_check=True)  # type: ignore[untyped-decorator]
+    def traceable_add(self: _core.Stat, v: Any) -> None:
+        if isinstance(v, torch.Tensor):
+            _check_values(v, "Stat.add", one_value=True)
+            record_op(_token, v.detach(), self._live_id)
+        else:
+            # A number computed in the graph: left to the native method.
+            torch._dynamo.graph_break()
+            original_add(self, v)
+
+    @torch.compiler.substitute_in_graph(original_add_many, skip_signature_check=True)  # type: ignore[untyped-decorator]
+    def traceable_add_many(self: _core.Stat, values: Any) -> None:
+        if isinstance(values, torch.Tensor):
+            _check_values(values, "Stat.add_many", one_value=False)
+            record_op(_token, values.detach(), self._live_id)
+        else:
+            torch._dynamo.graph_break()
+            original_add_many(self, values)
+
+
+class _AfterImport:
+    """A meta path finder that runs ``then(module)`` once ``name`` finished
+    importing, then leaves ``sys.meta_path``."""
+
+    def __init__(self, name: str, then: Any) -> None:
+        self.name = name
+        self.then = then
+
+    def find_spec(self, name: str, path: Any = None, target: Any = None) -> Any:
+        if name != self.name:
+            return None
+        for finder in sys.meta_path:
+            find_spec = getattr(finder, "find_spec", None)
+            if finder is self or find_spec is None:
+                continue
+            spec = find_spec(name, path, target)
+            if spec is not None:
+                break
+        else:
+            return None
+        self._remove()
+        loader = spec.loader
+        exec_module = getattr(loader, "exec_module", None)
+        if exec_module is None:
+            return spec
+        then = self.then
+
+        def exec_then(module: ModuleType) -> None:
+            exec_module(module)
+            _run_hook(then, module)
+
+        loader.exec_module = exec_then
+        return spec
+
+    def _remove(self) -> None:
+        try:
+            sys.meta_path.remove(self)
+        except ValueError:
+            pass
+
+
+def _run_hook(then: Any, module: ModuleType) -> None:
+    # A failure here must not fail the user's `import torch`.
+    try:
+        then(module)
+    except Exception as exc:  # pragma: no cover - reported, not raised
+        import warnings
+
+        warnings.warn(
+            f"torchmon: could not install its torch support: {exc!r}",
+            RuntimeWarning,
+            stacklevel=2,
+        )
+
+
+def _when_imported(name: str, then: Any) -> None:
+    module = sys.modules.get(name)
+    if module is not None:
+        _run_hook(then, module)
+    else:
+        sys.meta_path.insert(0, _AfterImport(name, then))
+
+
+def _on_torch(torch: ModuleType) -> None:
+    _install_eager(torch)
+    _when_imported("torch._dynamo", lambda _: _install_compile(torch))
+
+
+def install_when_imported() -> None:
+    """Called by ``import torchmon``."""
+    _when_imported("torch", _on_torch)

@@ -1,0 +1,285 @@
+"""`Stat.add(t)` / `Stat.add_many(t)` with torch tensors, eagerly and inside
+torch.compile (docs/guide.md, "Recording tensors and torch.compile"): what
+they record equals float adds of the same values at the same moments.
+
+Each test feeds a Stat tensors and a twin the same values as Python floats
+(`float(t)`, `t.tolist()`, computed by torch, not by torchmon), under one
+ManualClock, and compares the events of the two.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+import torchmon
+from torchmon import _tensors
+from torchmon.testing import ManualClock
+
+torch = pytest.importorskip("torch")
+
+AGGREGATIONS = [
+    torchmon.VALUE,
+    torchmon.MEAN,
+    torchmon.COUNT,
+    torchmon.SUM,
+    torchmon.MAX,
+    torchmon.MIN,
+    torchmon.P50,
+]
+DTYPES = [torch.float32, torch.float64, torch.bfloat16, torch.int64, torch.int32]
+
+
+class Twins:
+    """A Stat fed tensors and one fed the same values as floats."""
+
+    def __init__(self, max_samples: int = 2**63 - 1) -> None:
+        self.tensors = torchmon.Stat("tensors", AGGREGATIONS, 1.0, max_samples)
+        self.floats = torchmon.Stat("floats", AGGREGATIONS, 1.0, max_samples)
+        self.events: dict[str, list[dict[str, float]]] = {"tensors": [], "floats": []}
+
+    def __call__(self, event: torchmon.Event) -> None:
+        data = event.data
+        stat = next(iter(data)).partition(".")[0]
+        self.events[stat].append({key.partition(".")[2]: v for key, v in data.items()})  # type: ignore[misc]
+
+    def add(self, t: Any) -> None:
+        self.tensors.add(t)
+        self.floats.add(float(t))
+
+    def add_many(self, t: Any) -> None:
+        self.tensors.add_many(t)
+        self.floats.add_many(t.tolist())
+
+    def assert_same(self) -> None:
+        torchmon.flush()
+        assert self.events["tensors"] == self.events["floats"]
+        assert len(self.events["floats"]) >= 2
+
+
+@pytest.fixture
+def twins() -> Iterator[Twins]:
+    pair = Twins(max_samples=5)
+    handle = torchmon.register_event_handler(pair)
+    try:
+        yield pair
+    finally:
+        torchmon.unregister_event_handler(handle)
+
+
+@pytest.fixture(params=["read at the call", "read at window close"])
+def read_mode(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """CPU tensors are read at the call; the second mode runs the deferred
+    reads that devices other than the CPU get, on CPU tensors."""
+    if request.param == "read at window close":
+        monkeypatch.setattr(_tensors, "_read_cpu_at_call", False)
+    return str(request.param)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_add_equals_float_adds_across_windows_and_max_samples(
+    dtype: Any, twins: Twins, read_mode: str
+) -> None:
+    values = [0.1, 2.5, -3.75, 7.0, 1e3, 33.3, 5.5, -0.5, 9.0, 4.25, 8.0]
+    with ManualClock() as clock:
+        for index, value in enumerate(values):
+            twins.add(torch.tensor(value).to(dtype))
+            # Several adds per window, more than max_samples=5 in the first.
+            if index in (6, 8):
+                clock.advance(1000)
+        twins.assert_same()
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_add_many_equals_float_add_many(dtype: Any, twins: Twins, read_mode: str) -> None:
+    with ManualClock() as clock:
+        twins.add_many((torch.arange(4) * 1.5 - 2).to(dtype))
+        twins.add(torch.tensor([3], dtype=dtype))
+        twins.add_many(torch.tensor([100, 7], dtype=dtype))
+        clock.advance(1500)
+        twins.add_many(torch.arange(3).to(dtype))
+        twins.assert_same()
+
+
+def test_nan_and_inf_as_for_floats(twins: Twins, read_mode: str) -> None:
+    with ManualClock() as clock:
+        for value in (1.0, math.inf, -math.inf):
+            twins.add(torch.tensor(value))
+        clock.advance(1000)
+        twins.add(torch.tensor(math.nan))
+        twins.add(torch.tensor(2.0))
+        torchmon.flush()
+        nan_window = twins.events["tensors"][1]
+        assert math.isnan(nan_window["mean"])
+        # NaN != NaN: the windows are compared as reprs.
+        assert repr(twins.events["tensors"]) == repr(twins.events["floats"])
+
+
+def test_deferred_values_go_to_the_window_of_their_call(
+    recorder: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(_tensors, "_read_cpu_at_call", False)
+    with ManualClock() as clock:
+        stat = torchmon.Stat("loss", [torchmon.SUM, torchmon.COUNT], 1.0)
+        stat.add(torch.tensor(1.0))
+        stat.add(torch.tensor(2.0))
+        # Nothing read yet: the values wait for their window to close.
+        assert stat.count == 0
+        clock.advance(1000)
+        # The first add of the next window reads both windows' values in
+        # one copy and closes the first window, as a float add would.
+        stat.add(torch.tensor(10.0))
+        assert recorder.stat_data == [{"loss.sum": 3.0, "loss.count": 2.0}]
+        assert stat.count == 1
+        stat.add(torch.tensor(5.0))
+        assert stat.count == 1
+        torchmon.flush()
+        assert recorder.stat_data[1:] == [{"loss.sum": 15.0, "loss.count": 2.0}]
+
+
+def test_a_tensor_that_requires_grad_is_detached(recorder: Any, read_mode: str) -> None:
+    import weakref
+
+    stat = torchmon.Stat("loss", [torchmon.SUM], 60.0)
+    weight = torch.ones(3, requires_grad=True)
+    loss = (weight * 2).sum()
+    scaled = weight * 3
+    refs = [weakref.ref(loss), weakref.ref(scaled)]
+    stat.add(loss)
+    stat.add_many(scaled)
+    # Not even a kept value holds the autograd graph: a detached tensor
+    # shares the storage, not the tensor.
+    del loss, scaled
+    assert [ref() for ref in refs] == [None, None]
+    assert all(not t.requires_grad for _, _, kept in _tensors._pending.values() for t in kept)
+    torchmon.flush()
+    assert recorder.stat_data == [{"loss.sum": 15.0}]
+
+
+@pytest.mark.parametrize(
+    ("call", "value", "error", "message"),
+    [
+        ("add", lambda: torch.ones(2, 3), ValueError, r"Stat.add\(v\).*not 6 \(shape \(2, 3\)\)"),
+        ("add", lambda: torch.zeros(0), ValueError, r"Stat.add\(v\).*shape \(0,\)"),
+        ("add", lambda: torch.tensor(1 + 2j), TypeError, r"Stat.add\(v\).*complex"),
+        ("add", lambda: torch.empty((), device="meta"), ValueError, r"Stat.add\(v\).*meta"),
+        ("add_many", lambda: torch.ones(2, 2), ValueError, r"add_many\(values\).*shape \(2, 2\)"),
+        ("add_many", lambda: torch.ones(()), ValueError, r"add_many\(values\).*shape \(\)"),
+        ("add_many", lambda: torch.ones(2, dtype=torch.complex64), TypeError, "complex"),
+    ],
+)
+def test_bad_tensors_are_clear_errors_and_add_nothing(
+    call: str, value: Any, error: type[Exception], message: str
+) -> None:
+    stat = torchmon.Stat("loss", [torchmon.SUM], 60.0)
+    with pytest.raises(error, match=message):
+        getattr(stat, call)(value())
+    assert stat.count == 0
+
+
+# A training step (forward, backward by torch.func, SGD update) recording the
+# loss, the gradient norm and a token count into three Stats, run eagerly and
+# compiled, over three windows (ManualClock); prints both runs' events.
+# torchmon is imported first: its torch support is installed when torch, and
+# then torch._dynamo, finish importing.
+_TRAINING_STEP = """
+import json, sys
+import torchmon
+assert "torch" not in sys.modules
+import torch
+from torch._dynamo.utils import counters
+from torch.func import functional_call, grad_and_value
+from torchmon.testing import ManualClock
+
+backend = sys.argv[1]
+events = {"eager": [], "compiled": []}
+run = ["eager"]
+torchmon.register_event_handler(lambda e: events[run[0]].append(dict(e.data)))
+model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 1))
+
+def train(compiled):
+    torch.manual_seed(0)
+    params = {k: torch.randn_like(v) for k, v in model.named_parameters()}
+    aggregations = [torchmon.MEAN, torchmon.MAX, torchmon.COUNT, torchmon.P90]
+    loss_stat = torchmon.Stat("loss", aggregations, 1.0)
+    grad_norm_stat = torchmon.Stat("grad_norm", aggregations, 1.0)
+    tokens_stat = torchmon.Stat("tokens", aggregations, 1.0, max_samples=4)
+
+    def loss_fn(p, x, y):
+        return torch.nn.functional.mse_loss(functional_call(model, p, (x,)), y)
+
+    def step(x, y):
+        grads, loss = grad_and_value(loss_fn)(params, x, y)
+        for name, grad in grads.items():
+            params[name].sub_(0.05 * grad)
+        loss_stat.add(loss)
+        grad_norm_stat.add(torch.sqrt(sum((g * g).sum() for g in grads.values())))
+        tokens_stat.add((x > 0).sum())
+        tokens_stat.add_many((y > 0).sum(dim=1))
+        return loss
+
+    if compiled:
+        step = torch.compile(step, fullgraph=True, backend=backend)
+    with ManualClock() as clock:
+        for index in range(9):
+            step(torch.randn(5, 4), torch.randn(5, 1))
+            if index % 3 == 2:
+                clock.advance(1000)
+        torchmon.flush()
+
+train(compiled=False)
+run[0] = "compiled"
+train(compiled=True)
+print(json.dumps({
+    "events": events,
+    "graph_breaks": sum(counters["graph_break"].values()),
+    "unique_graphs": counters["stats"]["unique_graphs"],
+}))
+"""
+
+
+@pytest.mark.parametrize("backend", ["eager", pytest.param("inductor", marks=pytest.mark.slow)])
+def test_compiled_training_step_records_what_eager_records_without_graph_breaks(
+    backend: str, tmp_path: Any
+) -> None:
+    import json
+    import subprocess
+    import sys
+
+    script = tmp_path / "train.py"
+    script.write_text(_TRAINING_STEP)
+    result = subprocess.run(
+        [sys.executable, str(script), backend], capture_output=True, text=True, timeout=300
+    )
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout.splitlines()[-1])
+    assert report["graph_breaks"] == 0
+    # One graph for every window and all three Stats.
+    assert report["unique_graphs"] == 1
+    eager, compiled = report["events"]["eager"], report["events"]["compiled"]
+    assert len(eager) == 9  # 3 windows x 3 Stats
+    assert [e.keys() for e in compiled] == [e.keys() for e in eager]
+    for got, want in zip(compiled, eager):
+        assert got == {key: pytest.approx(value, rel=1e-5) for key, value in want.items()}
+    assert [e["tokens.count"] for e in eager if "tokens.count" in e] == [4.0, 4.0, 4.0]
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_cuda_adds_do_not_synchronise_the_device(recorder: Any) -> None:
+    with ManualClock() as clock:
+        stat = torchmon.Stat("loss", [torchmon.SUM, torchmon.COUNT], 1.0)
+        values = torch.arange(6, dtype=torch.float32, device="cuda")
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            for value in values[:3]:
+                stat.add(value)
+            stat.add_many(values[3:])
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+        clock.advance(1000)
+        stat.add(torch.tensor(100.0, device="cuda"))  # closes the window: one read
+        assert recorder.stat_data == [{"loss.sum": 15.0, "loss.count": 6.0}]
+        torchmon.flush()
