@@ -58,7 +58,9 @@ def build_trainer(out: Path, steps: int, callbacks: list[Any], seed: int = 0) ->
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--log-dir", type=Path, help="where the events go (default: a new temp dir)")
+    parser.add_argument(
+        "--log-dir", type=Path, help="where the events go (default: a new temp dir)"
+    )
     parser.add_argument("--steps", type=int, default=40)
     parser.add_argument("--window", type=float, default=60.0, help="Stat window, seconds")
     args = parser.parse_args()

@@ -55,7 +55,8 @@ def build_trainer(out: Path, steps: int, logger: Any, callbacks: list[Any]) -> t
         accelerator="cpu",
         # Under torchrun: one process per rank, gloo on CPUs.
         devices=int(os.environ.get("LOCAL_WORLD_SIZE", "1")),
-        num_nodes=int(os.environ.get("WORLD_SIZE", "1")) // int(os.environ.get("LOCAL_WORLD_SIZE", "1")),
+        num_nodes=int(os.environ.get("WORLD_SIZE", "1"))
+        // int(os.environ.get("LOCAL_WORLD_SIZE", "1")),
         strategy="ddp" if distributed else "auto",
         logger=logger,
         callbacks=callbacks,
@@ -69,7 +70,9 @@ def build_trainer(out: Path, steps: int, logger: Any, callbacks: list[Any]) -> t
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--log-dir", type=Path, help="where the events go (default: a new temp dir)")
+    parser.add_argument(
+        "--log-dir", type=Path, help="where the events go (default: a new temp dir)"
+    )
     parser.add_argument("--steps", type=int, default=40)
     parser.add_argument("--window", type=float, default=60.0, help="Stat window, seconds")
     args = parser.parse_args()

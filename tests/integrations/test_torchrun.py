@@ -16,8 +16,14 @@ from pathlib import Path
 
 import pytest
 from prometheus_server import free_port
-from runs import CHILD_ENV, EXAMPLES, check_logged_windows, check_step_time_windows, events
-from runs import windows_of
+from runs import (
+    CHILD_ENV,
+    EXAMPLES,
+    check_logged_windows,
+    check_step_time_windows,
+    events,
+    windows_of,
+)
 
 pytest.importorskip("torch")
 pytest.importorskip("transformers")

@@ -187,7 +187,14 @@ class RankSinks:
     in ``rank{N}/``. Registered by ``open()``, flushed and closed by
     ``close()``."""
 
-    __slots__ = ("_handles", "_jsonl", "_log_dir", "_tensorboard", "_tensorboard_handler", "_writer")
+    __slots__ = (
+        "_handles",
+        "_jsonl",
+        "_log_dir",
+        "_tensorboard",
+        "_tensorboard_handler",
+        "_writer",
+    )
 
     def __init__(self, log_dir: str, tensorboard: bool) -> None:
         self._log_dir = log_dir
@@ -212,7 +219,7 @@ class RankSinks:
         self._handles.append(_core.register_event_handler(self._jsonl))
         if self._tensorboard:
             try:
-                from tensorboardX import SummaryWriter
+                from tensorboardX import SummaryWriter  # type: ignore[import-untyped, unused-ignore]
             except ImportError:
                 return
             from ..handlers.tensorboard import TensorboardEventHandler

@@ -32,13 +32,15 @@ from ._common import (
 )
 
 _pytorch = import_framework("lightning.pytorch", "lightning", "torchmon.integrations.lightning")
-_Logger = _pytorch.loggers.Logger
-_Callback = _pytorch.Callback
+_Logger: Any = _pytorch.loggers.Logger
+_Callback: Any = _pytorch.Callback
 
 __all__ = ["TorchmonCallback", "TorchmonLogger"]
 
 
-def _flatten(params: Mapping[str, Any], prefix: str, out: dict[str, str | int | float | bool]) -> None:
+def _flatten(
+    params: Mapping[str, Any], prefix: str, out: dict[str, str | int | float | bool]
+) -> None:
     for key, value in params.items():
         name = f"{prefix}{key}"
         if isinstance(value, Namespace):
@@ -159,7 +161,9 @@ class TorchmonCallback(_Callback):  # type: ignore[misc]
     events go to the registered handlers, a ``TorchmonLogger(log_dir)``'s
     among them."""
 
-    def __init__(self, *, window: timedelta | float = DEFAULT_WINDOW, prefix: str = "train") -> None:
+    def __init__(
+        self, *, window: timedelta | float = DEFAULT_WINDOW, prefix: str = "train"
+    ) -> None:
         super().__init__()
         where = "TorchmonCallback"
         self._window = check_window(window, where)
@@ -173,7 +177,9 @@ class TorchmonCallback(_Callback):  # type: ignore[misc]
         self._peak = LoggedStats(self._window, PEAK_MEMORY_AGGREGATIONS)
         self._peak_every = max(1, int(getattr(trainer, "log_every_n_steps", 50) or 1))
 
-    def on_train_batch_start(self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int) -> None:
+    def on_train_batch_start(
+        self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int
+    ) -> None:
         timer = self._timer
         if timer is not None:
             timer.begin()

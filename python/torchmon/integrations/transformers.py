@@ -29,7 +29,7 @@ from ._common import (
     peak_memory_bytes,
 )
 
-_TrainerCallback = import_framework(
+_TrainerCallback: Any = import_framework(
     "transformers", "transformers", "torchmon.integrations.transformers"
 ).TrainerCallback
 
@@ -78,7 +78,9 @@ class TorchmonCallback(_TrainerCallback):  # type: ignore[misc]
         self._prefix = check_name(prefix, "prefix", where)
         log_dir = check_log_dir(log_dir, where)
         self._sinks = (
-            None if log_dir is None else RankSinks(log_dir, check_bool(tensorboard, "tensorboard", where))
+            None
+            if log_dir is None
+            else RankSinks(log_dir, check_bool(tensorboard, "tensorboard", where))
         )
         self._timer: StepTimer | None = None
         self._logged: LoggedStats | None = None
