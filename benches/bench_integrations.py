@@ -18,6 +18,13 @@ Run:  OMP_NUM_THREADS=1 HF_HUB_OFFLINE=1 \
 
 Needs torch, transformers, accelerate and lightning; a framework that is
 missing is skipped.
+
+``--callgrind`` (needs valgrind) counts instead the instructions of what both
+callbacks do per step, ``StepTimer.begin()`` + ``StepTimer.end()`` (two clock
+reads, two ``Stat.add`` on the default step-time and data-time Stats), beside
+``math.fabs(1.5)``: counts do not depend on the machine's load. The
+frameworks are not imported there (under valgrind that alone takes minutes),
+so the framework's call of the hook method is not counted.
 """
 
 from __future__ import annotations
@@ -25,7 +32,10 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import math
+import os
+import re
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -147,11 +157,57 @@ def hook_ns(framework: str, repeat: int, number: int = 100_000) -> float:
     return best / number * 1e9
 
 
+CALLGRIND_SETUP = """
+import math
+from torchmon.integrations._common import DEFAULT_WINDOW, StepTimer
+timer = StepTimer("train", DEFAULT_WINDOW)
+fabs = math.fabs
+def run():
+    for _ in range(LOOPS):
+        STMT
+run()
+"""
+
+
+VALGRIND = ("valgrind", "--tool=callgrind", "--callgrind-out-file=/dev/null")
+
+
+def callgrind(n: int) -> None:
+    def instructions(stmt: str, count: int) -> int:
+        code = CALLGRIND_SETUP.replace("STMT", stmt).replace("LOOPS", str(count))
+        result = subprocess.run(
+            [*VALGRIND, sys.executable, "-c", code],
+            capture_output=True,
+            env={**os.environ, "PYTHONHASHSEED": "0"},
+            text=True,
+            check=True,
+        )
+        match = re.search(r"refs:\s+([\d,]+)", result.stderr)
+        if match is None:
+            raise RuntimeError(result.stderr)
+        return int(match.group(1).replace(",", ""))
+
+    print(f"instructions per iteration (callgrind, 2N - N, N = {n})")
+    print("| operation | instructions |")
+    print("| --- | ---: |")
+    for label, stmt in (
+        ("loop alone (`pass`)", "pass"),
+        ("math.fabs(1.5)", "fabs(1.5)"),
+        ("one step's hooks: timer.begin(); timer.end()", "timer.begin(); timer.end()"),
+    ):
+        per = (instructions(stmt, 2 * n) - instructions(stmt, n)) / n
+        print(f"| {label} | {per:.0f} |", flush=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=100)
     parser.add_argument("--repeat", type=int, default=5)
+    parser.add_argument("--callgrind", type=int, metavar="N", help="count instructions instead")
     args = parser.parse_args()
+    if args.callgrind:
+        callgrind(args.callgrind)
+        return
     warnings.simplefilter("ignore")
     fabs = min(timeit.Timer("fabs(1.5)", globals={"fabs": math.fabs}).repeat(7, 1_000_000)) / 1e6
     print(f"python {sys.version.split()[0]}; math.fabs(1.5): {fabs * 1e9:.1f} ns")
