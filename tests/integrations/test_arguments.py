@@ -51,7 +51,10 @@ else:
     print("no error |", {call!r})"""
         for call, _, _ in cases
     )
-    proc = run_python(f"import warnings\nwarnings.simplefilter('ignore')\n{imports}\n{calls}")
+    # A deadline for a hung child, not a speed check (the import alone takes seconds).
+    proc = run_python(
+        f"import warnings\nwarnings.simplefilter('ignore')\n{imports}\n{calls}", timeout=240.0
+    )
     assert proc.returncode == 0, proc.stderr[-4000:]
     lines = proc.stdout.splitlines()
     assert len(lines) == len(cases), proc.stdout
