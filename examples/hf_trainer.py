@@ -65,8 +65,7 @@ def main() -> None:
     parser.add_argument("--window", type=float, default=60.0, help="Stat window, seconds")
     args = parser.parse_args()
     try:
-        import transformers  # noqa: F401
-
+        # First: its ImportError names the extra that installs the framework.
         from torchmon.integrations.transformers import TorchmonCallback
     except ImportError as exc:
         sys.exit(f"this example needs transformers: {exc}")

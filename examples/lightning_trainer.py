@@ -77,11 +77,12 @@ def main() -> None:
     parser.add_argument("--window", type=float, default=60.0, help="Stat window, seconds")
     args = parser.parse_args()
     try:
-        from lightning.pytorch.loggers import CSVLogger
-
+        # First: its ImportError names the extra that installs the framework.
         from torchmon.integrations.lightning import TorchmonCallback, TorchmonLogger
     except ImportError as exc:
         sys.exit(f"this example needs lightning: {exc}")
+    from lightning.pytorch.loggers import CSVLogger
+
     log_dir = args.log_dir or Path(tempfile.mkdtemp(prefix="torchmon-lightning-"))
 
     loggers = [

@@ -6,6 +6,8 @@ installed."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 from support import run_python
 
@@ -58,3 +60,50 @@ def test_import_torchmon_loads_no_integration() -> None:
     )
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == "[]"
+
+
+@pytest.mark.parametrize(
+    ("example", "hidden", "extra"),
+    [
+        ("hf_trainer.py", ("transformers",), "transformers"),
+        ("lightning_trainer.py", ("lightning",), "lightning"),
+    ],
+)
+def test_an_example_says_which_framework_is_missing(
+    example: str, hidden: tuple[str], extra: str
+) -> None:
+    path = Path(__file__).resolve().parents[2] / "examples" / example
+    proc = run_python(
+        HIDE.format(hidden=set(hidden))
+        + f"""
+import runpy
+sys.argv = [{str(path)!r}]
+runpy.run_path({str(path)!r}, run_name="__main__")
+"""
+    )
+    assert proc.returncode == 1, proc.stderr
+    assert "Traceback" not in proc.stderr, proc.stderr
+    assert f"this example needs {extra}" in proc.stderr
+    assert f'pip install "torchmon[{extra}]"' in proc.stderr
+
+
+def test_peak_memory_is_read_only_from_an_initialised_cuda() -> None:
+    """Neither imports torch nor initialises CUDA (docs/integrations.md)."""
+    proc = run_python(
+        """
+        import sys, types
+        from torchmon.integrations._common import peak_memory_bytes
+        print(peak_memory_bytes(), "torch" in sys.modules)  # torch never imported
+        class Cuda:
+            initialised = False
+            def is_initialized(self): return self.initialised
+            def max_memory_allocated(self): return 123
+        fake = types.ModuleType("torch"); fake.cuda = Cuda()
+        sys.modules["torch"] = fake
+        print(peak_memory_bytes())
+        fake.cuda.initialised = True
+        print(peak_memory_bytes())
+        """
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split("\n")[:3] == ["None False", "None", "123.0"]
