@@ -1,0 +1,89 @@
+"""A tiny GPT-2 trained by the Hugging Face Trainer, recorded by torchmon.
+
+Run:  python examples/hf_trainer.py [--log-dir DIR] [--steps N]
+      torchrun --nproc-per-node=2 examples/hf_trainer.py --log-dir DIR   (2 ranks, gloo)
+
+Needs ``pip install "torchmon[transformers]"`` and torch. The model is built
+from a config in code and the data are random tokens, so nothing is
+downloaded. The one torchmon line is ``callbacks=[TorchmonCallback(log_dir)]``:
+step times, data times, tokens per second and every value the Trainer logs
+go to ``DIR/events-rank{N}.jsonl`` and to TensorBoard files in ``DIR/rank{N}``
+(docs/integrations.md). The Trainer's own record, ``trainer_state.json``, is
+saved in DIR too. Takes a few seconds on a CPU.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+VOCAB = 64
+SEQUENCE = 16
+
+
+def build_trainer(out: Path, steps: int, callbacks: list[Any], seed: int = 0) -> Any:
+    """The Trainer of the tiny run: ``callbacks`` is where torchmon goes."""
+    import torch
+    from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainingArguments
+
+    torch.manual_seed(seed)
+    config = GPT2Config(
+        vocab_size=VOCAB, n_positions=SEQUENCE, n_embd=16, n_layer=1, n_head=2, n_inner=32
+    )
+    model = GPT2LMHeadModel(config)
+    tokens = torch.randint(0, VOCAB, (256, SEQUENCE), generator=torch.Generator().manual_seed(seed))
+    dataset = [{"input_ids": row, "labels": row} for row in tokens]
+    args = TrainingArguments(
+        output_dir=str(out),
+        max_steps=steps,
+        per_device_train_batch_size=8,
+        learning_rate=1e-3,
+        logging_steps=5,
+        save_strategy="no",
+        report_to="none",
+        use_cpu=True,
+        disable_tqdm=True,
+        include_num_input_tokens_seen=True,  # gives train.tokens_per_second
+        dataloader_num_workers=0,
+        # Under torchrun on CPUs: gloo (set only there; alone it asks for a process group).
+        ddp_backend="gloo" if "WORLD_SIZE" in os.environ else None,
+        seed=seed,
+    )
+    return Trainer(model=model, args=args, train_dataset=dataset, callbacks=callbacks)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument(
+        "--log-dir", type=Path, help="where the events go (default: a new temp dir)"
+    )
+    parser.add_argument("--steps", type=int, default=40)
+    parser.add_argument("--window", type=float, default=60.0, help="Stat window, seconds")
+    args = parser.parse_args()
+    try:
+        # First: its ImportError names the extra that installs the framework.
+        from torchmon.integrations.transformers import TorchmonCallback
+    except ImportError as exc:
+        sys.exit(f"this example needs transformers: {exc}")
+    log_dir = args.log_dir or Path(tempfile.mkdtemp(prefix="torchmon-hf-"))
+
+    trainer = build_trainer(
+        log_dir, args.steps, callbacks=[TorchmonCallback(log_dir, window=args.window)]
+    )
+    trainer.train()
+    trainer.save_state()  # the Trainer's own log, DIR/trainer_state.json
+
+    import torchmon
+
+    if torchmon.rank_info().rank == 0:
+        print(f"trained {args.steps} steps; torchmon's events are in {log_dir}")
+        print(f"  torchmon summarize {log_dir}/events-rank*.jsonl")
+        print(f"  tensorboard --logdir {log_dir}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,70 @@
+"""The straggler recording rules shipped in docs/straggler-rules.yml
+(docs/integrations.md, "Several ranks"), evaluated by Prometheus's own rule
+engine (`promtool test rules`, from the Debian prometheus package that
+.ci/run installs) on the series three ranks of one job and one rank of
+another would expose."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+RULES = Path(__file__).resolve().parents[2] / "docs" / "straggler-rules.yml"
+RELATIVE = "torchmon:train_step_time_p50:relative_score"
+INDIVIDUAL = "torchmon:train_step_time_p50:individual_score"
+
+# (labels, p50 each minute, relative score at minute 3, individual score then):
+# rank 1 is 25 % slower than rank 0; rank 2 slowed down from 0.10 s to 0.20 s
+# at minute 2; the other job's single rank is its own fastest.
+RANKS = [
+    (dict(job="torchrun", instance="a:9400", rank="0", local_rank="0", node="0"),
+     "0.10 0.10 0.10 0.10", 1.0, 1.0),
+    (dict(job="torchrun", instance="a:9401", rank="1", local_rank="1", node="0"),
+     "0.125 0.125 0.125 0.125", 0.8, 1.0),
+    (dict(job="torchrun", instance="b:9400", rank="2", local_rank="0", node="1"),
+     "0.10 0.10 0.20 0.20", 0.5, 0.5),
+    (dict(job="other", instance="c:9400", rank="0", local_rank="0", node="0"),
+     "0.5 0.5 0.5 0.5", 1.0, 1.0),
+]  # fmt: skip
+
+
+def series(name: str, labels: dict[str, str]) -> str:
+    return name + "{" + ", ".join(f'{key}="{value}"' for key, value in labels.items()) + "}"
+
+
+def expected(rule: str, column: int) -> dict[str, object]:
+    return {
+        "expr": rule,
+        "eval_time": "3m",
+        "exp_samples": [{"labels": series(rule, rank[0]), "value": rank[column]} for rank in RANKS],
+    }
+
+
+def test_the_recording_rules_score_each_rank(tmp_path: Path) -> None:
+    promtool = shutil.which("promtool")
+    if promtool is None:
+        pytest.skip("needs promtool (Debian package prometheus, installed by .ci/run)")
+    cases = {
+        "rule_files": [str(RULES)],
+        "evaluation_interval": "1m",
+        "tests": [
+            {
+                "interval": "1m",
+                "input_series": [
+                    {"series": series("train_step_time_p50", labels), "values": values}
+                    for labels, values, _, _ in RANKS
+                ],
+                "promql_expr_test": [expected(RELATIVE, 2), expected(INDIVIDUAL, 3)],
+            }
+        ],
+    }
+    path = tmp_path / "cases.yml"
+    path.write_text(json.dumps(cases), encoding="utf-8")  # JSON is YAML
+    proc = subprocess.run(
+        [promtool, "test", "rules", str(path)], capture_output=True, text=True, timeout=60
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
