@@ -13,6 +13,7 @@ mod py_event;
 mod py_gil_cell;
 mod py_registry;
 mod py_stat;
+mod py_torch_wait_counters;
 
 use pyo3::prelude::*;
 
@@ -58,6 +59,14 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(_flush_all_stats, m)?)?;
     m.add_function(wrap_pyfunction!(_live_stat_count, m)?)?;
     m.add_function(wrap_pyfunction!(_flush_stats_now, m)?)?;
+    {
+        use crate::py_torch_wait_counters as wc;
+        m.add_function(wrap_pyfunction!(wc::_enable_torch_wait_counters, m)?)?;
+        m.add_function(wrap_pyfunction!(wc::_disable_torch_wait_counters, m)?)?;
+        m.add_function(wrap_pyfunction!(wc::_torch_wait_counter_probe_seen, m)?)?;
+        m.add_function(wrap_pyfunction!(wc::_torch_wait_counter_names, m)?)?;
+        m.add("_TORCH_WAIT_COUNTER_PROBE_KEY", wc::PROBE_KEY)?;
+    }
     m.add("STAT_EVENT", crate::py_stat::STAT_EVENT)?;
     m.add(
         "_BUCKET_MIDPOINTS",
