@@ -149,17 +149,24 @@ extern "C" fn start(_backend_self: *mut c_void, now_us: i64) -> isize {
 }
 
 extern "C" fn stop(backend_self: *mut c_void, now_us: i64, started_us: isize) {
-    // SAFETY: `backend_self` is what `init` stored: a pointer from
-    // `Arc::into_raw`, whose reference `destroy` gives back; libc10 calls
-    // `stop` only before `destroy` (a backend is destroyed with its counter,
-    // and a guard keeps its counter alive).
-    let counter = unsafe { &*backend_self.cast::<Counter>().cast_const() };
+    // `backend_self` is what `init` stored: a pointer from `Arc::into_raw`,
+    // whose reference `destroy` gives back; libc10 calls `stop` only before
+    // `destroy` (a backend is destroyed with its counter, and a guard keeps
+    // its counter alive), so it points to a live `Counter` here.
+    let counter = backend_self.cast::<Counter>().cast_const();
     let _ = catch_unwind(AssertUnwindSafe(|| {
         let seconds = now_us.wrapping_sub(started_us as i64) as f64 / 1_000_000.0;
-        let closed = counter.core.add(seconds);
+        // SAFETY: a live `Arc<Counter>`'s pointer (see above).
+        let closed = unsafe { &*counter }.core.add(seconds);
         if !closed.is_empty() {
+            // SAFETY: `counter` is a live `Arc`'s pointer (see above): one
+            // more reference, owned by the `Arc` made from it next.
+            let counter = unsafe {
+                Arc::increment_strong_count(counter);
+                Arc::from_raw(counter)
+            };
             for window in closed.iter() {
-                queue_window(counter, window.clone());
+                queue_window(&counter, window.clone());
             }
         }
     }));
@@ -193,20 +200,11 @@ static DELIVERY: Mutex<Delivery> = Mutex::new(Delivery {
 static DELIVERY_CHANGED: Condvar = Condvar::new();
 
 #[cold]
-fn queue_window(counter: &Counter, window: WindowStats) {
+fn queue_window(counter: &Arc<Counter>, window: WindowStats) {
     if AT_EXIT.load(Ordering::Acquire) {
         return;
     }
-    let counter = {
-        let counters = COUNTERS.lock();
-        match counters
-            .iter()
-            .find(|c| std::ptr::eq(Arc::as_ptr(c), counter))
-        {
-            Some(c) => Arc::clone(c),
-            None => return,
-        }
-    };
+    let counter = Arc::clone(counter);
     let mut delivery = DELIVERY.lock();
     if delivery.stop {
         return;
@@ -224,13 +222,13 @@ fn queue_window(counter: &Counter, window: WindowStats) {
             std::mem::forget(stale);
         }
         delivery.busy = false;
-        match std::thread::Builder::new()
+        // No thread (none can be started): the windows wait for the next
+        // flush() or the exit.
+        if let Ok(handle) = std::thread::Builder::new()
             .name("torchmon-wait-counters".into())
             .spawn(deliver_forever)
         {
-            Ok(handle) => delivery.thread = Some((pid, handle)),
-            // No thread: the windows wait for the next flush() or the exit.
-            Err(_) => {}
+            delivery.thread = Some((pid, handle));
         }
     }
     DELIVERY_CHANGED.notify_all();

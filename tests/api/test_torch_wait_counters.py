@@ -1,0 +1,363 @@
+"""torchmon.bridge.record_wait_counters(): PyTorch's own wait counters (libc10's
+dynamic backend) recorded as torchmon Stats (docs/wait_counter_and_bridge.md).
+
+libc10 looks for the backend once per process, so every scenario runs in a
+fresh interpreter (which also catches a crash or a hang, with a timeout).
+Runs against the torch 2.13 wheel; skips without torch.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+from typing import Any
+
+import pytest
+from support import clear_torchrun_env, run_python
+
+from torchmon.bridge import _check_backend_abi, record_wait_counters
+
+pytest.importorskip("torch.monitor")
+
+AGGREGATION_SUFFIXES = ("count", "sum", "max", "p50", "p99")
+
+
+def run_json(code: str, timeout: float = 120.0) -> Any:
+    """Runs `code` in a fresh interpreter; returns what it printed last, as JSON."""
+    proc = run_python(code, timeout=timeout)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def windows_of(events: list[dict[str, float]], stat: str) -> list[dict[str, float]]:
+    return [e for e in events if f"{stat}.count" in e]
+
+
+# The guarded durations are compared with what the child measured around
+# each block with perf_counter: torch's and the child's clocks differ by the
+# guard's own overhead, far below the 5 ms allowed.
+GUARDS = """
+import json, time
+events = []
+torchmon.register_event_handler(lambda e: events.append(dict(e.data)))
+measured = []
+for _ in range({n}):
+    t0 = time.perf_counter()
+    with torch.monitor._WaitCounter("bar.k").guard():
+        time.sleep(0.01)
+    measured.append(time.perf_counter() - t0)
+torchmon.flush()
+print(json.dumps({{"events": events, "measured": measured}}))
+"""
+
+
+@pytest.mark.parametrize("torch_first", [False, True], ids=["torchmon-first", "torch-first"])
+def test_guard_blocks_give_count_and_durations(torch_first: bool) -> None:
+    imports = "import torch\nimport torchmon, torchmon.bridge\n"
+    if not torch_first:
+        imports = "import torchmon, torchmon.bridge\n"
+    code = (
+        imports
+        + "torchmon.bridge.record_wait_counters()\nimport torch\n"
+        + GUARDS.format(n=5)
+    )
+    out = run_json(code)
+    (window,) = windows_of(out["events"], "torch.wait_counter.bar.k")
+    measured = out["measured"]
+    assert window["torch.wait_counter.bar.k.count"] == 5
+    assert window["torch.wait_counter.bar.k.sum"] == pytest.approx(sum(measured), abs=0.005)
+    assert window["torch.wait_counter.bar.k.max"] == pytest.approx(max(measured), abs=0.005)
+    assert min(measured) - 0.005 <= window["torch.wait_counter.bar.k.p50"] <= max(measured)
+    assert set(window) == {f"torch.wait_counter.bar.k.{s}" for s in AGGREGATION_SUFFIXES}
+
+
+def test_windows_close_by_time_and_arrive_without_flush() -> None:
+    # A 100 ms window: a guard after it closes it, and the delivery thread
+    # hands it to the handlers without any flush().
+    out = run_json(
+        """
+        import json, time
+        import torchmon, torchmon.bridge
+        torchmon.bridge.record_wait_counters(window_size=0.1)
+        import torch
+        events = []
+        torchmon.register_event_handler(lambda e: events.append(dict(e.data)))
+        counter = torch.monitor._WaitCounter("closing")
+        for _ in range(3):
+            with counter.guard():
+                pass
+        time.sleep(0.15)
+        with counter.guard():
+            pass
+        deadline = time.monotonic() + 10
+        while not events and time.monotonic() < deadline:
+            time.sleep(0.01)
+        print(json.dumps(events))
+        """
+    )
+    assert [w["torch.wait_counter.closing.count"] for w in out] == [3]
+
+
+def test_overlapping_guards_from_many_threads_are_all_counted() -> None:
+    out = run_json(
+        """
+        import json, threading, time
+        import torchmon, torchmon.bridge
+        torchmon.bridge.record_wait_counters(window_size=3600)
+        import torch
+        events = []
+        torchmon.register_event_handler(lambda e: events.append(dict(e.data)))
+        counter = torch.monitor._WaitCounter("threads")
+        barrier = threading.Barrier(8)
+        def work():
+            barrier.wait()
+            for i in range(500):
+                with counter.guard():
+                    if i % 50 == 0:
+                        time.sleep(0.001)  # other threads start and stop meanwhile
+        threads = [threading.Thread(target=work) for _ in range(8)]
+        for t in threads: t.start()
+        for t in threads: t.join()
+        torchmon.flush()
+        print(json.dumps(events))
+        """
+    )
+    (window,) = windows_of(out, "torch.wait_counter.threads")
+    assert window["torch.wait_counter.threads.count"] == 8 * 500
+    assert window["torch.wait_counter.threads.max"] >= 0.001
+
+
+def test_compile_yields_the_dynamo_counters() -> None:
+    out = run_json(
+        """
+        import json
+        import torchmon, torchmon.bridge
+        torchmon.bridge.record_wait_counters()
+        import torch
+        events = []
+        torchmon.register_event_handler(lambda e: events.append(dict(e.data)))
+        compiled = torch.compile(lambda x: torch.sin(x) * 2 + 1, backend="eager")
+        compiled(torch.ones(4))
+        torchmon.flush()
+        print(json.dumps(events))
+        """,
+        timeout=300,
+    )
+    (window,) = windows_of(out, "torch.wait_counter.dynamo_compile")
+    assert window["torch.wait_counter.dynamo_compile.count"] == 1
+    assert window["torch.wait_counter.dynamo_compile.sum"] > 0
+
+
+def test_called_after_the_first_counter_it_raises_and_records_nothing() -> None:
+    out = run_json(
+        """
+        import json
+        import torch
+        torch.monitor._WaitCounter("early")
+        import torchmon, torchmon.bridge
+        try:
+            torchmon.bridge.record_wait_counters()
+        except RuntimeError as exc:
+            error = str(exc)
+        with torch.monitor._WaitCounter("late").guard():
+            pass
+        print(json.dumps([error, torchmon._core._torch_wait_counter_names()]))
+        """
+    )
+    error, names = out
+    assert "too late" in error and "first counter" in error
+    assert names == []
+
+
+def test_a_second_call_keeps_the_window_and_refuses_another() -> None:
+    out = run_json(
+        """
+        import json
+        from datetime import timedelta
+        import torchmon.bridge
+        torchmon.bridge.record_wait_counters(window_size=timedelta(seconds=30))
+        torchmon.bridge.record_wait_counters(window_size=30)  # the same: nothing to do
+        try:
+            torchmon.bridge.record_wait_counters(window_size=5)
+        except ValueError as exc:
+            print(json.dumps(str(exc)))
+        """
+    )
+    assert out.startswith("record_wait_counters(window_size): window_size must match")
+    assert "0:00:30" in out
+
+
+@pytest.mark.parametrize(
+    ("window_size", "error"),
+    [("60", TypeError), (None, TypeError), (0, ValueError), (float("nan"), ValueError)],
+)
+def test_bad_window_size_names_the_argument(window_size: Any, error: type[Exception]) -> None:
+    # Checked before anything is changed, so this process stays clean.
+    with pytest.raises(error, match=r"^record_wait_counters\(window_size\): window_size"):
+        record_wait_counters(window_size=window_size)
+
+
+def test_another_backend_abi_is_refused(tmp_path: Path) -> None:
+    later = tmp_path / "libc10.so"
+    later.write_bytes(b"\0junk\0c10_monitor_wait_counter_dynamic_backend_init_v2\0more")
+    with pytest.raises(RuntimeError, match="init_v2.*implements.*init_v1"):
+        _check_backend_abi([later], "9.9")
+    without = tmp_path / "libc10.dylib"
+    without.write_bytes(b"\0no hook here\0")
+    with pytest.raises(RuntimeError, match="torch 2.0 has no wait counter backend hook"):
+        _check_backend_abi([without], "2.0")
+
+
+def test_the_installed_torch_has_the_supported_abi() -> None:
+    import torch
+
+    lib = sorted((Path(torch.__file__).parent / "lib").glob("libc10.*"))
+    assert lib
+    _check_backend_abi(lib, torch.__version__)  # does not raise
+
+
+def test_windows_reach_jsonl_prometheus_and_tensorboard(tmp_path: Path) -> None:
+    pytest.importorskip("prometheus_client")
+    pytest.importorskip("tensorboardX")
+    event_accumulator = pytest.importorskip(
+        "tensorboard.backend.event_processing.event_accumulator"
+    )
+    out = run_json(
+        f"""
+        import json
+        import prometheus_client, tensorboardX
+        import torchmon, torchmon.bridge
+        torchmon.bridge.record_wait_counters()
+        import torch
+        registry = prometheus_client.CollectorRegistry()
+        writer = tensorboardX.SummaryWriter(logdir={str(tmp_path / "tb")!r})
+        sinks = [
+            torchmon.JsonlEventHandler({str(tmp_path / "events.jsonl")!r}),
+            torchmon.PrometheusEventHandler(registry=registry),
+            torchmon.TensorboardEventHandler(writer),
+        ]
+        for sink in sinks:
+            torchmon.register_event_handler(sink)
+        for _ in range(3):
+            with torch.monitor._WaitCounter("sink.k").guard():
+                pass
+        with torch.monitor._WaitCounter("odd key/é").guard():
+            pass
+        torchmon.flush()
+        text = prometheus_client.generate_latest(registry).decode()
+        writer.close()
+        print(json.dumps(text))
+        """
+    )
+    jsonl = [json.loads(line) for line in (tmp_path / "events.jsonl").read_text().splitlines()]
+    keys = {key for record in jsonl for key in record["data"]}
+    assert "torch.wait_counter.sink.k.count" in keys
+    assert "torch.wait_counter.odd key/é.p99" in keys
+    count_lines = [
+        line for line in out.splitlines() if line.startswith("torch_wait_counter_sink_k_count ")
+    ]
+    assert count_lines == ["torch_wait_counter_sink_k_count 3.0"]
+    # The sink's own name rule (docs/sinks.md) for characters Prometheus does not take.
+    assert "torch_wait_counter_odd_key___p99 " in out
+    acc = event_accumulator.EventAccumulator(str(tmp_path / "tb"))
+    acc.Reload()
+    tags = acc.Tags()["scalars"]
+    count_tag = next(tag for tag in tags if tag.endswith("sink.k.count"))
+    assert [s.value for s in acc.Scalars(count_tag)] == [3.0]
+
+
+def test_no_crash_at_exit_with_counters_running(tmp_path: Path) -> None:
+    # Daemon threads keep guarding while the interpreter exits: the exit
+    # flush emits the open window, and nothing crashes (the exit gate).
+    path = tmp_path / "events.jsonl"
+    proc = run_python(
+        f"""
+        import threading, time
+        import torchmon, torchmon.bridge
+        torchmon.bridge.record_wait_counters(window_size=0.005)
+        import torch
+        torchmon.register_event_handler(torchmon.JsonlEventHandler({str(path)!r}))
+        counter = torch.monitor._WaitCounter("exit.k")
+        def spin():
+            while True:
+                with counter.guard():
+                    time.sleep(0.0005)
+        for _ in range(4):
+            threading.Thread(target=spin, daemon=True).start()
+        time.sleep(0.3)
+        """,
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    lines = path.read_text().splitlines()
+    assert any("torch.wait_counter.exit.k.count" in line for line in lines)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+GLOO_WORKER = """
+import json, os, sys
+import torchmon, torchmon.bridge
+torchmon.bridge.record_wait_counters(window_size=3600)
+import torch
+import torch.distributed as dist
+events = []
+torchmon.register_event_handler(lambda e: events.append(dict(e.data)))
+dist.init_process_group("gloo")
+for _ in range(3):
+    tensor = torch.ones(4)
+    dist.all_reduce(tensor)
+dist.barrier()
+dist.destroy_process_group()
+torchmon.flush()
+with open(os.path.join(sys.argv[1], f"rank{os.environ['RANK']}.json"), "w") as f:
+    json.dump(events, f)
+"""
+
+
+@pytest.mark.slow
+def test_gloo_job_under_torchrun_records_c10d_counters(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    clear_torchrun_env(monkeypatch)
+    worker = tmp_path / "worker.py"
+    worker.write_text(textwrap.dedent(GLOO_WORKER))
+    torchrun = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--nproc-per-node=2",
+            "--master-addr=127.0.0.1",
+            f"--master-port={free_port()}",
+            str(worker),
+            str(tmp_path),
+        ],
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+    try:
+        log, _ = torchrun.communicate(timeout=180)
+    finally:
+        if torchrun.poll() is None:
+            os.killpg(torchrun.pid, 9)
+            torchrun.wait()
+    assert torchrun.returncode == 0, log.decode(errors="replace")[-4000:]
+    for rank in (0, 1):
+        events = json.loads((tmp_path / f"rank{rank}.json").read_text())
+        (init,) = windows_of(events, "torch.wait_counter.c10d.init_process_group")
+        assert init["torch.wait_counter.c10d.init_process_group.count"] == 1
+        # torch 2.13's TCPStore client times its calls (gloo's CPU
+        # collectives have no counter of their own).
+        assert windows_of(events, "torch.wait_counter.TCPStore__get")
