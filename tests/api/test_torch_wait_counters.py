@@ -38,37 +38,113 @@ def windows_of(events: list[dict[str, float]], stat: str) -> list[dict[str, floa
     return [e for e in events if f"{stat}.count" in e]
 
 
-# The guarded durations are compared with what the child measured around
-# each block with perf_counter: torch's and the child's clocks differ by the
-# guard's own overhead, far below the 5 ms allowed.
-GUARDS = """
-import json, time
+# One child records a whole session (torchmon imported before torch, the
+# default 60 s window, a ManualClock for the windows' boundaries) and reports
+# each part; the tests below each check one part. A child per test would
+# cost CI a torch import (~7 s) each. The guarded durations are compared with
+# what the child measured around each block with perf_counter: the two
+# clocks differ by the guard's own overhead, far below the 5 ms allowed.
+SESSION = """
+import json, sys, threading, time
+from datetime import timedelta
+import prometheus_client, tensorboardX
+import torchmon, torchmon.bridge
+from torchmon.testing import ManualClock
+out = {{}}
+torchmon.bridge.record_wait_counters()
+import torch
+clock = ManualClock(0).__enter__()
+torchmon.bridge.record_wait_counters(window_size=timedelta(seconds=60))  # the same: no-op
+try:
+    torchmon.bridge.record_wait_counters(window_size=5)
+except ValueError as exc:
+    out["second_call_error"] = str(exc)
 events = []
 torchmon.register_event_handler(lambda e: events.append(dict(e.data)))
-measured = []
-for _ in range({n}):
+registry = prometheus_client.CollectorRegistry()
+writer = tensorboardX.SummaryWriter(logdir={tensorboard!r})
+for sink in (
+    torchmon.JsonlEventHandler({jsonl!r}),
+    torchmon.PrometheusEventHandler(registry=registry),
+    torchmon.TensorboardEventHandler(writer),
+):
+    torchmon.register_event_handler(sink)
+
+# A window closed by time reaches the handlers with no flush().
+closing = torch.monitor._WaitCounter("closing")
+for _ in range(3):
+    with closing.guard():
+        pass
+clock.advance(60_000)
+with closing.guard():
+    pass
+deadline = time.monotonic() + 10
+while not events and time.monotonic() < deadline:
+    time.sleep(0.01)
+out["closed_by_time"] = list(events)
+
+out["measured"] = []
+for _ in range(5):
     t0 = time.perf_counter()
     with torch.monitor._WaitCounter("bar.k").guard():
         time.sleep(0.01)
-    measured.append(time.perf_counter() - t0)
+    out["measured"].append(time.perf_counter() - t0)
+
+threads_counter = torch.monitor._WaitCounter("threads")
+barrier = threading.Barrier(8)
+def work():
+    barrier.wait()
+    for i in range(500):
+        with threads_counter.guard():
+            if i % 50 == 0:
+                time.sleep(0.001)  # other threads start and stop meanwhile
+workers = [threading.Thread(target=work) for _ in range(8)]
+for t in workers: t.start()
+for t in workers: t.join()
+
+with torch.monitor._WaitCounter("odd key/é").guard():
+    pass
 torchmon.flush()
-print(json.dumps({{"events": events, "measured": measured}}))
+out["events"] = events
+out["prometheus"] = prometheus_client.generate_latest(registry).decode()
+writer.close()
+print(json.dumps(out), flush=True)
+
+# Daemon threads keep guarding while the interpreter exits: the exit flush
+# emits their open window, and nothing crashes (the exit gate).
+exit_counter = torch.monitor._WaitCounter("exit.k")
+def spin():
+    while True:
+        with exit_counter.guard():
+            time.sleep(0.0005)
+for _ in range(4):
+    threading.Thread(target=spin, daemon=True).start()
+time.sleep(0.2)
 """
 
 
-@pytest.mark.parametrize("torch_first", [False, True], ids=["torchmon-first", "torch-first"])
-def test_guard_blocks_give_count_and_durations(torch_first: bool) -> None:
-    imports = "import torch\nimport torchmon, torchmon.bridge\n"
-    if not torch_first:
-        imports = "import torchmon, torchmon.bridge\n"
-    code = (
-        imports
-        + "torchmon.bridge.record_wait_counters()\nimport torch\n"
-        + GUARDS.format(n=5)
-    )
-    out = run_json(code)
-    (window,) = windows_of(out["events"], "torch.wait_counter.bar.k")
-    measured = out["measured"]
+class Session:
+    def __init__(self, tmp: Path) -> None:
+        pytest.importorskip("prometheus_client")
+        pytest.importorskip("tensorboardX")
+        self.jsonl = tmp / "events.jsonl"
+        self.tensorboard = tmp / "tb"
+        self.proc = run_python(
+            SESSION.format(jsonl=str(self.jsonl), tensorboard=str(self.tensorboard)),
+            timeout=180,
+        )
+        assert self.proc.stdout, self.proc.stderr[-4000:]
+        self.out = json.loads(self.proc.stdout.strip().splitlines()[-1])
+
+
+@pytest.fixture(scope="module")
+def session(tmp_path_factory: pytest.TempPathFactory) -> Session:
+    return Session(tmp_path_factory.mktemp("wait_counter_session"))
+
+
+def test_guard_blocks_give_count_and_durations(session: Session) -> None:
+    (window,) = windows_of(session.out["events"], "torch.wait_counter.bar.k")
+    measured = session.out["measured"]
     assert window["torch.wait_counter.bar.k.count"] == 5
     assert window["torch.wait_counter.bar.k.sum"] == pytest.approx(sum(measured), abs=0.005)
     assert window["torch.wait_counter.bar.k.max"] == pytest.approx(max(measured), abs=0.005)
@@ -76,71 +152,63 @@ def test_guard_blocks_give_count_and_durations(torch_first: bool) -> None:
     assert set(window) == {f"torch.wait_counter.bar.k.{s}" for s in AGGREGATION_SUFFIXES}
 
 
-def test_windows_close_by_time_and_arrive_without_flush() -> None:
-    # A 100 ms window: a guard after it closes it, and the delivery thread
-    # hands it to the handlers without any flush().
-    out = run_json(
-        """
-        import json, time
-        import torchmon, torchmon.bridge
-        torchmon.bridge.record_wait_counters(window_size=0.1)
-        import torch
-        events = []
-        torchmon.register_event_handler(lambda e: events.append(dict(e.data)))
-        counter = torch.monitor._WaitCounter("closing")
-        for _ in range(3):
-            with counter.guard():
-                pass
-        time.sleep(0.15)
-        with counter.guard():
-            pass
-        deadline = time.monotonic() + 10
-        while not events and time.monotonic() < deadline:
-            time.sleep(0.01)
-        print(json.dumps(events))
-        """
-    )
-    assert [w["torch.wait_counter.closing.count"] for w in out] == [3]
+def test_a_window_closed_by_time_arrives_without_flush(session: Session) -> None:
+    assert [w["torch.wait_counter.closing.count"] for w in session.out["closed_by_time"]] == [3]
+    # and the guard that closed it is in the next window, emitted by flush()
+    closing = windows_of(session.out["events"], "torch.wait_counter.closing")
+    assert [w["torch.wait_counter.closing.count"] for w in closing] == [3, 1]
 
 
-def test_overlapping_guards_from_many_threads_are_all_counted() -> None:
-    out = run_json(
-        """
-        import json, threading, time
-        import torchmon, torchmon.bridge
-        torchmon.bridge.record_wait_counters(window_size=3600)
-        import torch
-        events = []
-        torchmon.register_event_handler(lambda e: events.append(dict(e.data)))
-        counter = torch.monitor._WaitCounter("threads")
-        barrier = threading.Barrier(8)
-        def work():
-            barrier.wait()
-            for i in range(500):
-                with counter.guard():
-                    if i % 50 == 0:
-                        time.sleep(0.001)  # other threads start and stop meanwhile
-        threads = [threading.Thread(target=work) for _ in range(8)]
-        for t in threads: t.start()
-        for t in threads: t.join()
-        torchmon.flush()
-        print(json.dumps(events))
-        """
-    )
-    (window,) = windows_of(out, "torch.wait_counter.threads")
+def test_overlapping_guards_from_many_threads_are_all_counted(session: Session) -> None:
+    (window,) = windows_of(session.out["events"], "torch.wait_counter.threads")
     assert window["torch.wait_counter.threads.count"] == 8 * 500
     assert window["torch.wait_counter.threads.max"] >= 0.001
 
 
-def test_compile_yields_the_dynamo_counters() -> None:
+def test_a_second_call_keeps_the_window_and_refuses_another(session: Session) -> None:
+    error = session.out["second_call_error"]
+    assert error.startswith("record_wait_counters(window_size): window_size must match")
+    assert "0:01:00" in error
+
+
+def test_windows_reach_jsonl_prometheus_and_tensorboard(session: Session) -> None:
+    event_accumulator = pytest.importorskip(
+        "tensorboard.backend.event_processing.event_accumulator"
+    )
+    jsonl = [json.loads(line) for line in session.jsonl.read_text().splitlines()]
+    keys = {key for record in jsonl for key in record["data"]}
+    assert {"torch.wait_counter.bar.k.count", "torch.wait_counter.odd key/é.p99"} <= keys
+    text = session.out["prometheus"]
+    count_lines = [
+        line for line in text.splitlines() if line.startswith("torch_wait_counter_bar_k_count ")
+    ]
+    assert count_lines == ["torch_wait_counter_bar_k_count 5.0"]
+    # The sink's own name rule (docs/sinks.md) for characters Prometheus does not take.
+    assert "torch_wait_counter_odd_key___p99 " in text
+    acc = event_accumulator.EventAccumulator(str(session.tensorboard))
+    acc.Reload()
+    tags = acc.Tags()["scalars"]
+    count_tag = next(tag for tag in tags if tag.endswith("bar.k.count"))
+    assert [s.value for s in acc.Scalars(count_tag)] == [5.0]
+
+
+def test_no_crash_at_exit_with_counters_running(session: Session) -> None:
+    assert session.proc.returncode == 0, session.proc.stderr[-4000:]
+    lines = session.jsonl.read_text().splitlines()
+    assert any("torch.wait_counter.exit.k.count" in line for line in lines)
+
+
+def test_torch_imported_first_and_compile_yields_the_dynamo_counters() -> None:
     out = run_json(
         """
         import json
+        import torch
         import torchmon, torchmon.bridge
         torchmon.bridge.record_wait_counters()
-        import torch
         events = []
         torchmon.register_event_handler(lambda e: events.append(dict(e.data)))
+        with torch.monitor._WaitCounter("after.torch").guard():
+            pass
         compiled = torch.compile(lambda x: torch.sin(x) * 2 + 1, backend="eager")
         compiled(torch.ones(4))
         torchmon.flush()
@@ -148,6 +216,8 @@ def test_compile_yields_the_dynamo_counters() -> None:
         """,
         timeout=300,
     )
+    (guarded,) = windows_of(out, "torch.wait_counter.after.torch")
+    assert guarded["torch.wait_counter.after.torch.count"] == 1
     (window,) = windows_of(out, "torch.wait_counter.dynamo_compile")
     assert window["torch.wait_counter.dynamo_compile.count"] == 1
     assert window["torch.wait_counter.dynamo_compile.sum"] > 0
@@ -172,24 +242,6 @@ def test_called_after_the_first_counter_it_raises_and_records_nothing() -> None:
     error, names = out
     assert "too late" in error and "first counter" in error
     assert names == []
-
-
-def test_a_second_call_keeps_the_window_and_refuses_another() -> None:
-    out = run_json(
-        """
-        import json
-        from datetime import timedelta
-        import torchmon.bridge
-        torchmon.bridge.record_wait_counters(window_size=timedelta(seconds=30))
-        torchmon.bridge.record_wait_counters(window_size=30)  # the same: nothing to do
-        try:
-            torchmon.bridge.record_wait_counters(window_size=5)
-        except ValueError as exc:
-            print(json.dumps(str(exc)))
-        """
-    )
-    assert out.startswith("record_wait_counters(window_size): window_size must match")
-    assert "0:00:30" in out
 
 
 @pytest.mark.parametrize(
@@ -219,83 +271,6 @@ def test_the_installed_torch_has_the_supported_abi() -> None:
     lib = sorted((Path(torch.__file__).parent / "lib").glob("libc10.*"))
     assert lib
     _check_backend_abi(lib, torch.__version__)  # does not raise
-
-
-def test_windows_reach_jsonl_prometheus_and_tensorboard(tmp_path: Path) -> None:
-    pytest.importorskip("prometheus_client")
-    pytest.importorskip("tensorboardX")
-    event_accumulator = pytest.importorskip(
-        "tensorboard.backend.event_processing.event_accumulator"
-    )
-    out = run_json(
-        f"""
-        import json
-        import prometheus_client, tensorboardX
-        import torchmon, torchmon.bridge
-        torchmon.bridge.record_wait_counters()
-        import torch
-        registry = prometheus_client.CollectorRegistry()
-        writer = tensorboardX.SummaryWriter(logdir={str(tmp_path / "tb")!r})
-        sinks = [
-            torchmon.JsonlEventHandler({str(tmp_path / "events.jsonl")!r}),
-            torchmon.PrometheusEventHandler(registry=registry),
-            torchmon.TensorboardEventHandler(writer),
-        ]
-        for sink in sinks:
-            torchmon.register_event_handler(sink)
-        for _ in range(3):
-            with torch.monitor._WaitCounter("sink.k").guard():
-                pass
-        with torch.monitor._WaitCounter("odd key/é").guard():
-            pass
-        torchmon.flush()
-        text = prometheus_client.generate_latest(registry).decode()
-        writer.close()
-        print(json.dumps(text))
-        """
-    )
-    jsonl = [json.loads(line) for line in (tmp_path / "events.jsonl").read_text().splitlines()]
-    keys = {key for record in jsonl for key in record["data"]}
-    assert "torch.wait_counter.sink.k.count" in keys
-    assert "torch.wait_counter.odd key/é.p99" in keys
-    count_lines = [
-        line for line in out.splitlines() if line.startswith("torch_wait_counter_sink_k_count ")
-    ]
-    assert count_lines == ["torch_wait_counter_sink_k_count 3.0"]
-    # The sink's own name rule (docs/sinks.md) for characters Prometheus does not take.
-    assert "torch_wait_counter_odd_key___p99 " in out
-    acc = event_accumulator.EventAccumulator(str(tmp_path / "tb"))
-    acc.Reload()
-    tags = acc.Tags()["scalars"]
-    count_tag = next(tag for tag in tags if tag.endswith("sink.k.count"))
-    assert [s.value for s in acc.Scalars(count_tag)] == [3.0]
-
-
-def test_no_crash_at_exit_with_counters_running(tmp_path: Path) -> None:
-    # Daemon threads keep guarding while the interpreter exits: the exit
-    # flush emits the open window, and nothing crashes (the exit gate).
-    path = tmp_path / "events.jsonl"
-    proc = run_python(
-        f"""
-        import threading, time
-        import torchmon, torchmon.bridge
-        torchmon.bridge.record_wait_counters(window_size=0.005)
-        import torch
-        torchmon.register_event_handler(torchmon.JsonlEventHandler({str(path)!r}))
-        counter = torch.monitor._WaitCounter("exit.k")
-        def spin():
-            while True:
-                with counter.guard():
-                    time.sleep(0.0005)
-        for _ in range(4):
-            threading.Thread(target=spin, daemon=True).start()
-        time.sleep(0.3)
-        """,
-        timeout=120,
-    )
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    lines = path.read_text().splitlines()
-    assert any("torch.wait_counter.exit.k.count" in line for line in lines)
 
 
 def free_port() -> int:
