@@ -257,11 +257,11 @@ def test_bad_window_size_names_the_argument(window_size: Any, error: type[Except
 def test_another_backend_abi_is_refused(tmp_path: Path) -> None:
     later = tmp_path / "libc10.so"
     later.write_bytes(b"\0junk\0c10_monitor_wait_counter_dynamic_backend_init_v2\0more")
-    with pytest.raises(RuntimeError, match="init_v2.*implements.*init_v1"):
+    with pytest.raises(RuntimeError, match=r"init_v2.*implements.*init_v1"):
         _check_backend_abi([later], "9.9")
     without = tmp_path / "libc10.dylib"
     without.write_bytes(b"\0no hook here\0")
-    with pytest.raises(RuntimeError, match="torch 2.0 has no wait counter backend hook"):
+    with pytest.raises(RuntimeError, match=r"torch 2\.0 has no wait counter backend hook"):
         _check_backend_abi([without], "2.0")
 
 
