@@ -234,7 +234,14 @@ fn queue_window(counter: &Arc<Counter>, window: WindowStats) {
     DELIVERY_CHANGED.notify_all();
 }
 
+thread_local! {
+    /// This thread is the delivery thread (a handler calling `flush()` there
+    /// must not wait for its own dispatch).
+    static IS_DELIVERY_THREAD: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
 fn deliver_forever() {
+    IS_DELIVERY_THREAD.with(|is| is.set(true));
     loop {
         let windows = {
             let mut delivery = DELIVERY.lock();
@@ -308,6 +315,11 @@ fn emit_window(py: Python<'_>, counter: &Counter, window: &WindowStats) -> PyRes
 pub fn flush(py: Python<'_>, failures: &mut Failures, timeout: Duration) -> usize {
     // The windows the thread is dispatching now were closed before the
     // queued ones: wait for them first.
+    let timeout = if IS_DELIVERY_THREAD.with(std::cell::Cell::get) {
+        Duration::ZERO
+    } else {
+        timeout
+    };
     let queued = py.detach(|| {
         let deadline = Instant::now() + timeout;
         let mut delivery = DELIVERY.lock();
