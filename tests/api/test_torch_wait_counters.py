@@ -336,3 +336,25 @@ def test_gloo_job_under_torchrun_records_c10d_counters(
         # torch 2.13's TCPStore client times its calls (gloo's CPU
         # collectives have no counter of their own).
         assert windows_of(events, "torch.wait_counter.TCPStore__get")
+
+
+def test_without_torch_it_raises_import_error_and_leaves_nothing_behind() -> None:
+    result = run_python(
+        """
+        import sys
+        sys.modules["torch"] = None  # makes `import torch` fail
+        import torchmon.bridge
+        for window in (60, 5):  # a failed call keeps no window: no ValueError
+            try:
+                torchmon.bridge.record_wait_counters(window_size=window)
+            except ImportError as exc:
+                print("ImportError:", exc)
+        """
+    )
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert len(lines) == 2
+    for line in lines:
+        assert line.startswith(
+            "ImportError: torchmon.bridge.record_wait_counters() needs PyTorch (torch.monitor)"
+        )
