@@ -14,6 +14,7 @@ mod py_gil_cell;
 mod py_prometheus;
 mod py_registry;
 mod py_stat;
+mod py_torch_wait_counters;
 
 use pyo3::prelude::*;
 
@@ -71,6 +72,14 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(_install_tensor_support, m)?)?;
     m.add_function(wrap_pyfunction!(_stat_add_by_id, m)?)?;
     m.add_function(wrap_pyfunction!(_stat_window_now, m)?)?;
+    {
+        use crate::py_torch_wait_counters as wc;
+        m.add_function(wrap_pyfunction!(wc::_enable_torch_wait_counters, m)?)?;
+        m.add_function(wrap_pyfunction!(wc::_disable_torch_wait_counters, m)?)?;
+        m.add_function(wrap_pyfunction!(wc::_torch_wait_counter_probe_seen, m)?)?;
+        m.add_function(wrap_pyfunction!(wc::_torch_wait_counter_names, m)?)?;
+        m.add("_TORCH_WAIT_COUNTER_PROBE_KEY", wc::PROBE_KEY)?;
+    }
     m.add("STAT_EVENT", crate::py_stat::STAT_EVENT)?;
     m.add("MAX_STAT_NAME_LENGTH", torchmon_core::stat::MAX_NAME_CHARS)?;
     m.add(

@@ -114,7 +114,7 @@ impl StatShared {
 
 /// The `torchmon.Distribution` of a window (its `_from_core`, imported on
 /// first use: `import torchmon` does not load the module).
-fn distribution_object(py: Python<'_>, d: &Distribution) -> PyResult<Py<PyAny>> {
+pub(crate) fn distribution_object(py: Python<'_>, d: &Distribution) -> PyResult<Py<PyAny>> {
     static FROM_CORE: PyOnceLock<Py<PyAny>> = PyOnceLock::new();
     let from_core = FROM_CORE.get_or_try_init(py, || {
         py.import("torchmon._distribution")?
@@ -504,8 +504,12 @@ pub fn _flush_all_stats(py: Python<'_>) {
     for stat in &live {
         stat.flush_unraisable(py, "flushing its window at interpreter exit");
     }
+    crate::py_torch_wait_counters::flush_at_exit(py);
     AT_EXIT.store(true, Ordering::Release);
 }
+
+/// How long `flush()` waits for the wait-counter delivery thread's dispatch.
+const FLUSH_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
 
 /// Emits the open window of every live Stat now, in creation order; the
 /// Stats go on with a new window. `torchmon.flush()`'s first step
@@ -532,6 +536,7 @@ pub fn _flush_stats_now(py: Python<'_>) -> PyResult<usize> {
             }
         }
     }
+    emitted += crate::py_torch_wait_counters::flush(py, &mut failures, FLUSH_WAIT);
     failures.into_result().map(|()| emitted)
 }
 

@@ -24,6 +24,7 @@ __all__ = [
     "STAT_EVENT",
     "_AGGREGATION_KEY_SUFFIXES",
     "_BUCKET_MIDPOINTS",
+    "_TORCH_WAIT_COUNTER_PROBE_KEY",
     "Aggregation",
     "AsyncEventHandler",
     "Event",
@@ -33,7 +34,9 @@ __all__ = [
     "_clock_ms",
     "_close_async_handlers_at_exit",
     "_close_exit_gate",
+    "_disable_torch_wait_counters",
     "_drain_async_handlers",
+    "_enable_torch_wait_counters",
     "_event_with_distribution",
     "_exit_gate_state",
     "_flush_all_stats",
@@ -46,6 +49,8 @@ __all__ = [
     "_set_clock_ms",
     "_stat_add_by_id",
     "_stat_window_now",
+    "_torch_wait_counter_names",
+    "_torch_wait_counter_probe_seen",
     "_window_ms_of_seconds",
     "data_value_t",
     "log_event",
@@ -219,3 +224,11 @@ def _handler_count() -> int: ...
 def _set_clock_ms(ms: int | None) -> int | None: ...
 def _clock_ms() -> int: ...
 def _window_ms_of_seconds(seconds: float) -> int: ...
+
+# torch's wait counters (torchmon.bridge.record_wait_counters).
+_TORCH_WAIT_COUNTER_PROBE_KEY: str
+
+def _enable_torch_wait_counters(window_ms: int) -> None: ...
+def _disable_torch_wait_counters() -> None: ...
+def _torch_wait_counter_probe_seen() -> bool: ...
+def _torch_wait_counter_names() -> list[str]: ...

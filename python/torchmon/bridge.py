@@ -40,23 +40,34 @@ At exit every forwarder still in torch's registry (a bridge left open, or
 closed from inside a handler) is unregistered by an ``atexit`` step: torch
 destroys its registry after the interpreter finalized, and dropping a Python
 handler then crashes the process (docs/reliability.md).
+
+``record_wait_counters()`` records PyTorch's own wait counters (the latencies
+libc10 measures: compile phases, c10d collectives and store calls, ...) as
+torchmon Stats named ``torch.wait_counter.<key>``, through the dynamic
+backend libc10 looks up by name (docs/wait_counter_and_bridge.md).
 """
 
 from __future__ import annotations
 
 import atexit
+import ctypes
 import importlib
+import os
 import sys
 import threading
 import time
+from datetime import timedelta
+from pathlib import Path
 from types import TracebackType
 from typing import Any
 
+from . import _core
 from ._core import Event, log_event
-from ._errors import report_unraisable
+from ._errors import arg_value_error, report_unraisable
 from ._forksafe import new_lock
+from ._wait_counter import _window_ms
 
-__all__ = ["TorchBridge", "forward_from_torch"]
+__all__ = ["TorchBridge", "forward_from_torch", "record_wait_counters"]
 
 _state = threading.local()  # .depth: how many forwarding calls this thread is inside
 _pending_lock = new_lock()
@@ -65,13 +76,13 @@ _open_bridges: dict[int, TorchBridge] = {}  # id -> bridge, until closed (under 
 _exit_step_registered = False
 
 
-def _torch_monitor() -> Any:
+def _torch_monitor(caller: str = "forward_from_torch") -> Any:
     # importlib: torch is optional, and its type information is not needed here.
     try:
         return importlib.import_module("torch.monitor")
     except ImportError as exc:
         raise ImportError(
-            "torchmon.bridge.forward_from_torch() needs PyTorch (torch.monitor), "
+            f"torchmon.bridge.{caller}() needs PyTorch (torch.monitor), "
             f"which cannot be imported: {exc}"
         ) from exc
 
@@ -270,3 +281,121 @@ def _unregister_all_at_exit() -> None:
             _drain_pending(monitor)
         except BaseException as exc:
             _report_unraisable(exc, _unregister_all_at_exit)
+
+
+# The wait counter backend ABI torchmon implements: the name libc10 looks up
+# (c10/util/WaitCounterDynamicBackend.h; a new version means a new name).
+_BACKEND_SYMBOL = b"c10_monitor_wait_counter_dynamic_backend_init_v1"
+_BACKEND_SYMBOL_STEM = b"c10_monitor_wait_counter_dynamic_backend_init_v"
+_wait_counter_lock = new_lock()
+_wait_counter_window_ms: int | None = None  # set once recording works
+
+
+def record_wait_counters(window_size: timedelta | float = timedelta(seconds=60)) -> None:
+    """Records every wait counter PyTorch creates from now on (torch.compile's
+    phases, c10d's collectives and store calls, ...) into a torchmon Stat
+    named ``torch.wait_counter.<key>`` (a key's ``pytorch.wait_counter.``
+    prefix dropped), with COUNT, SUM, MAX, P50 and P99 of each duration in
+    seconds, in windows of ``window_size`` (a ``timedelta`` or seconds).
+
+    Call it before torch creates its first wait counter: libc10 looks for the
+    backend once, at its first counter. Imports torch if it is not imported
+    yet. Calling it again with the same window does nothing. Raises
+    ``RuntimeError`` when torch created a counter before (nothing could be
+    recorded) or when this torch uses another backend ABI, ``ImportError``
+    without torch, ``ValueError`` for a window other than the one already in
+    use, and ``TypeError``/``ValueError`` for a bad ``window_size``.
+    """
+    global _wait_counter_window_ms
+    window_ms = _window_ms(window_size, "record_wait_counters")
+    with _wait_counter_lock:
+        if _wait_counter_window_ms is not None:
+            if _wait_counter_window_ms != window_ms:
+                raise arg_value_error(
+                    "record_wait_counters",
+                    "window_size",
+                    f"must match the window wait counters are already recorded with "
+                    f"({timedelta(milliseconds=_wait_counter_window_ms)}), not "
+                    f"{timedelta(milliseconds=window_ms)}",
+                )
+            return
+        # Global before torch can look the symbol up (importing torch below).
+        _make_backend_symbol_global()
+        _core._enable_torch_wait_counters(window_ms)
+        try:
+            monitor = _torch_monitor("record_wait_counters")
+            _check_backend_abi(_libc10_files(), _torch_version())
+            # The probe: a counter key libc10 has not seen makes it call the
+            # backend's init function, if it found ours.
+            monitor._WaitCounter(_core._TORCH_WAIT_COUNTER_PROBE_KEY)
+            if not _core._torch_wait_counter_probe_seen():
+                raise RuntimeError(
+                    "torchmon.bridge.record_wait_counters() was called too late: "
+                    "torch created a wait counter before it (libc10 looks for a "
+                    "wait counter backend once, when it creates its first counter), "
+                    "or another library already provides the backend, so no wait "
+                    "counter would be recorded. Call it before the first "
+                    "torch.compile, torch.distributed or torch.monitor._WaitCounter "
+                    "use, e.g. right after `import torch`"
+                )
+        except BaseException:
+            _core._disable_torch_wait_counters()
+            raise
+        _wait_counter_window_ms = window_ms
+
+
+def _make_backend_symbol_global() -> None:
+    """Python loads extension modules with RTLD_LOCAL, where libc10's
+    ``dlsym(RTLD_DEFAULT, ...)`` cannot see them: re-opening the loaded
+    module with RTLD_NOLOAD | RTLD_GLOBAL adds its symbols to the global
+    scope (the handle is kept: the module is never unloaded anyway)."""
+    noload = getattr(os, "RTLD_NOLOAD", None)
+    if noload is None or sys.platform == "win32":
+        raise RuntimeError(
+            "torchmon.bridge.record_wait_counters() needs dlopen's RTLD_NOLOAD "
+            "(Linux or macOS); this platform has none"
+        )
+    ctypes.CDLL(_core.__file__, mode=noload | os.RTLD_GLOBAL)
+
+
+def _torch_version() -> str:
+    torch = sys.modules.get("torch")
+    return str(getattr(torch, "__version__", "unknown"))
+
+
+def _libc10_files() -> list[Path]:
+    torch = sys.modules.get("torch")
+    torch_file = getattr(torch, "__file__", None)
+    if torch_file is None:
+        return []
+    return sorted((Path(torch_file).parent / "lib").glob("libc10.*"))
+
+
+def _check_backend_abi(libc10_files: list[Path], torch_version: str) -> None:
+    """Refuses a torch whose libc10 looks up another version of the backend
+    init function (its name is a string in the library). No library found
+    (an unusual layout): the probe still tells whether recording works."""
+    for path in libc10_files:
+        try:
+            content = path.read_bytes()
+        except OSError:
+            continue
+        if _BACKEND_SYMBOL in content:
+            return
+        start = content.find(_BACKEND_SYMBOL_STEM)
+        if start >= 0:
+            end = start + len(_BACKEND_SYMBOL_STEM)
+            while end < len(content) and content[end : end + 1].isdigit():
+                end += 1
+            found = content[start:end].decode("ascii", "replace")
+            raise RuntimeError(
+                f"torchmon.bridge.record_wait_counters(): torch {torch_version} "
+                f"looks up the wait counter backend {found!r} ({path}), but this "
+                f"torchmon implements {_BACKEND_SYMBOL.decode()!r}; upgrade "
+                "torchmon or use a torch with that ABI"
+            )
+        raise RuntimeError(
+            f"torchmon.bridge.record_wait_counters(): torch {torch_version} has no "
+            f"wait counter backend hook ({path} does not look up "
+            f"{_BACKEND_SYMBOL.decode()!r}); it needs a torch that does (2.13 does)"
+        )

@@ -1,0 +1,421 @@
+//! PyTorch's own wait counters (`c10::monitor::WaitCounterHandle`: compile
+//! phases, c10d collectives and store calls, ...) recorded as torchmon Stats,
+//! through the dynamic backend that libc10 looks up by name
+//! (`torch/include/c10/util/WaitCounterDynamicBackend.h` in the wheel).
+//!
+//! libc10 looks the init function up once, with `dlsym(RTLD_DEFAULT)`, when
+//! it creates its first counter, and calls it once per counter key. The
+//! Python side (`torchmon.bridge.record_wait_counters`) makes this module's
+//! symbols global before that and checks, with a probe counter, that libc10
+//! found them (docs/wait_counter_and_bridge.md).
+//!
+//! Each key's durations go into an ordinary core Stat. The hot path
+//! (`start`/`stop`, called by torch on any thread, with or without the GIL)
+//! is one lock-free `Stat::add`; it never takes the GIL. A window closed
+//! there is queued for a delivery thread that dispatches it to the handlers:
+//! handlers never run inside torch's frames, where the caller may hold
+//! torch's locks (taking the GIL there could deadlock against a thread that
+//! holds the GIL and waits for such a lock). The queue's lock is taken only
+//! when a window closes.
+
+use parking_lot::{Condvar, Mutex};
+use pyo3::prelude::*;
+use pyo3::types::{PyDict, PyString};
+use std::ffi::{c_char, c_void};
+use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use crate::py_convert::{arg_value_error, datetime_now};
+use crate::py_event::Event;
+use crate::py_registry::{Failures, current_handlers, dispatch};
+use crate::py_stat::{distribution_object, stat_event_name};
+use torchmon_core::aggregation::Aggregation;
+use torchmon_core::stat::{Stat as CoreStat, WindowStats};
+
+/// `c10::monitor::detail::WaitCounterDynamicBackend`, version 1 (the
+/// version is in the init function's name).
+#[repr(C)]
+pub struct WaitCounterDynamicBackend {
+    backend_self: *mut c_void,
+    start: Option<extern "C" fn(*mut c_void, i64) -> isize>,
+    stop: Option<extern "C" fn(*mut c_void, i64, isize)>,
+    destroy: Option<extern "C" fn(*mut c_void)>,
+}
+
+/// Prefix of every wait counter's Stat name.
+const STAT_PREFIX: &str = "torch.wait_counter.";
+/// The prefix torch's own keys carry; dropped from the Stat name.
+const TORCH_KEY_PREFIX: &str = "pytorch.wait_counter.";
+/// The key `record_wait_counters` creates to learn whether libc10 found the
+/// backend. Recorded nowhere: its init leaves the backend empty.
+pub const PROBE_KEY: &str = "torchmon.record_wait_counters.probe";
+const AGGREGATIONS: [Aggregation; 5] = [
+    Aggregation::Count,
+    Aggregation::Sum,
+    Aggregation::Max,
+    Aggregation::P50,
+    Aggregation::P99,
+];
+/// How long the exit step waits for the delivery thread's last dispatch.
+const EXIT_WAIT: Duration = Duration::from_secs(2);
+
+/// Window of counters created from now on; 0: recording is off.
+static WINDOW_MS: AtomicI64 = AtomicI64::new(0);
+static PROBE_SEEN: AtomicBool = AtomicBool::new(false);
+/// Set by the exit step: windows closed later are dropped, Python untouched.
+static AT_EXIT: AtomicBool = AtomicBool::new(false);
+/// Every counter created, in creation order (for `flush()` and the exit).
+static COUNTERS: Mutex<Vec<Arc<Counter>>> = Mutex::new(Vec::new());
+
+struct Counter {
+    name: String,
+    core: Arc<CoreStat>,
+}
+
+fn stat_name(key: &str) -> String {
+    format!(
+        "{STAT_PREFIX}{}",
+        key.strip_prefix(TORCH_KEY_PREFIX).unwrap_or(key)
+    )
+}
+
+/// Called by libc10 once per counter key. Never unwinds into C++.
+///
+/// # Safety
+/// `backend` is null or points to a writable `WaitCounterDynamicBackend`;
+/// `key` points to `key_len` readable bytes (libc10 passes a
+/// `std::string_view`'s data and size).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn c10_monitor_wait_counter_dynamic_backend_init_v1(
+    backend: *mut WaitCounterDynamicBackend,
+    key: *const c_char,
+    key_len: usize,
+) {
+    if backend.is_null() || (key.is_null() && key_len != 0) {
+        return;
+    }
+    let key: &[u8] = if key_len == 0 {
+        &[]
+    } else {
+        // SAFETY: non-null (checked above), and the caller's contract: `key`
+        // points to `key_len` bytes that live for this call.
+        unsafe { std::slice::from_raw_parts(key.cast::<u8>(), key_len) }
+    };
+    let filled = catch_unwind(|| backend_for(key)).unwrap_or(None);
+    // SAFETY: non-null (checked above), and the caller's contract: it points
+    // to a writable struct of this layout (the v1 header's).
+    let backend = unsafe { &mut *backend };
+    match filled {
+        Some(counter) => {
+            backend.backend_self = Arc::into_raw(counter).cast_mut().cast();
+            backend.start = Some(start);
+            backend.stop = Some(stop);
+            backend.destroy = Some(destroy);
+        }
+        // A null `self`: libc10 ignores this backend for the key.
+        None => backend.backend_self = std::ptr::null_mut(),
+    }
+}
+
+fn backend_for(key: &[u8]) -> Option<Arc<Counter>> {
+    if key == PROBE_KEY.as_bytes() {
+        PROBE_SEEN.store(true, Ordering::SeqCst);
+        return None;
+    }
+    let window_ms = WINDOW_MS.load(Ordering::SeqCst);
+    if window_ms == 0 {
+        return None;
+    }
+    let name = stat_name(&String::from_utf8_lossy(key));
+    let mut counters = COUNTERS.lock();
+    // libc10 makes one backend per key; should it ask twice, both share one Stat.
+    if let Some(existing) = counters.iter().find(|c| c.name == name) {
+        return Some(Arc::clone(existing));
+    }
+    let counter = Arc::new(Counter {
+        name,
+        core: CoreStat::new(&AGGREGATIONS, window_ms, i64::MAX),
+    });
+    counters.push(Arc::clone(&counter));
+    Some(counter)
+}
+
+/// The context torch hands back to `stop` is the start time.
+extern "C" fn start(_backend_self: *mut c_void, now_us: i64) -> isize {
+    now_us as isize
+}
+
+extern "C" fn stop(backend_self: *mut c_void, now_us: i64, started_us: isize) {
+    // `backend_self` is what `init` stored: a pointer from `Arc::into_raw`,
+    // whose reference `destroy` gives back; libc10 calls `stop` only before
+    // `destroy` (a backend is destroyed with its counter, and a guard keeps
+    // its counter alive), so it points to a live `Counter` here.
+    let counter = backend_self.cast::<Counter>().cast_const();
+    let _ = catch_unwind(AssertUnwindSafe(|| {
+        let seconds = now_us.wrapping_sub(started_us as i64) as f64 / 1_000_000.0;
+        // SAFETY: a live `Arc<Counter>`'s pointer (see above).
+        let closed = unsafe { &*counter }.core.add(seconds);
+        if !closed.is_empty() {
+            // SAFETY: `counter` is a live `Arc`'s pointer (see above): one
+            // more reference, owned by the `Arc` made from it next.
+            let counter = unsafe {
+                Arc::increment_strong_count(counter);
+                Arc::from_raw(counter)
+            };
+            for window in closed.iter() {
+                queue_window(&counter, window.clone());
+            }
+        }
+    }));
+}
+
+extern "C" fn destroy(backend_self: *mut c_void) {
+    // SAFETY: `backend_self` came from `Arc::into_raw` in `init`, and libc10
+    // calls `destroy` once, after the last `stop`. The Stat itself stays in
+    // `COUNTERS`: dropping this reference touches no Python, so a destroy
+    // after the interpreter exited is safe.
+    let counter = unsafe { Arc::from_raw(backend_self.cast::<Counter>().cast_const()) };
+    let _ = catch_unwind(AssertUnwindSafe(|| drop(counter)));
+}
+
+/// Closed windows waiting for the delivery thread.
+struct Delivery {
+    windows: Vec<(Arc<Counter>, WindowStats)>,
+    /// The thread and the process that started it (a forked child has none).
+    thread: Option<(u32, JoinHandle<()>)>,
+    /// The thread is dispatching windows it took.
+    busy: bool,
+    stop: bool,
+}
+
+static DELIVERY: Mutex<Delivery> = Mutex::new(Delivery {
+    windows: Vec::new(),
+    thread: None,
+    busy: false,
+    stop: false,
+});
+static DELIVERY_CHANGED: Condvar = Condvar::new();
+
+#[cold]
+fn queue_window(counter: &Arc<Counter>, window: WindowStats) {
+    if AT_EXIT.load(Ordering::Acquire) {
+        return;
+    }
+    let counter = Arc::clone(counter);
+    let mut delivery = DELIVERY.lock();
+    if delivery.stop {
+        return;
+    }
+    delivery.windows.push((counter, window));
+    let pid = std::process::id();
+    if delivery
+        .thread
+        .as_ref()
+        .is_none_or(|(owner, _)| *owner != pid)
+    {
+        // A handle inherited from the parent names no thread of this
+        // process: forget it, never join or detach it.
+        if let Some(stale) = delivery.thread.take() {
+            std::mem::forget(stale);
+        }
+        delivery.busy = false;
+        // No thread (none can be started): the windows wait for the next
+        // flush() or the exit.
+        if let Ok(handle) = std::thread::Builder::new()
+            .name("torchmon-wait-counters".into())
+            .spawn(deliver_forever)
+        {
+            delivery.thread = Some((pid, handle));
+        }
+    }
+    DELIVERY_CHANGED.notify_all();
+}
+
+thread_local! {
+    /// This thread is the delivery thread (a handler calling `flush()` there
+    /// must not wait for its own dispatch).
+    static IS_DELIVERY_THREAD: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+fn deliver_forever() {
+    IS_DELIVERY_THREAD.with(|is| is.set(true));
+    loop {
+        let windows = {
+            let mut delivery = DELIVERY.lock();
+            while delivery.windows.is_empty() && !delivery.stop {
+                DELIVERY_CHANGED.wait(&mut delivery);
+            }
+            if delivery.windows.is_empty() {
+                return; // stopped
+            }
+            delivery.busy = true;
+            std::mem::take(&mut delivery.windows)
+        };
+        // `None`: the interpreter is finalizing; nothing can be delivered.
+        let attached = Python::try_attach(|py| {
+            for (counter, window) in &windows {
+                if let Err(err) = emit_window(py, counter, window) {
+                    let context = PyString::new(
+                        py,
+                        &format!(
+                            "torchmon: a handler of the wait counter Stat '{}'",
+                            counter.name
+                        ),
+                    );
+                    err.write_unraisable(py, Some(context.as_any()));
+                }
+            }
+        });
+        let mut delivery = DELIVERY.lock();
+        delivery.busy = false;
+        DELIVERY_CHANGED.notify_all();
+        if attached.is_none() {
+            return;
+        }
+    }
+}
+
+/// Dispatches one closed window as a `torch.monitor.Stat` event, with the
+/// keys `<name>.count`, `.sum`, `.max`, `.p50`, `.p99` (seconds).
+fn emit_window(py: Python<'_>, counter: &Counter, window: &WindowStats) -> PyResult<()> {
+    let Some(handlers) = current_handlers(py) else {
+        return Ok(());
+    };
+    let data = PyDict::new(py);
+    for aggregation in AGGREGATIONS {
+        data.set_item(
+            format!("{}.{}", counter.name, aggregation.key_suffix()),
+            window.get(aggregation),
+        )?;
+    }
+    let distribution = match &window.distribution {
+        Some(d) => Some(distribution_object(py, d)?),
+        None => None,
+    };
+    let timestamp = datetime_now(py)?.unbind();
+    let name = stat_event_name(py).clone().unbind();
+    let data = data.unbind();
+    dispatch(py, &handlers, |_| {
+        let event = Event::from_parts(
+            name.clone_ref(py),
+            timestamp.clone_ref(py),
+            data.clone_ref(py),
+            distribution.as_ref().map(|d| d.clone_ref(py)),
+        );
+        Ok(Bound::new(py, event)?.into_any())
+    })
+}
+
+/// Emits the queued windows, waits (GIL released) for the delivery thread's
+/// current dispatch, then emits every counter's open window. Handler errors
+/// are collected in `failures`; returns how many windows were emitted.
+pub fn flush(py: Python<'_>, failures: &mut Failures, timeout: Duration) -> usize {
+    // The windows the thread is dispatching now were closed before the
+    // queued ones: wait for them first.
+    let timeout = if IS_DELIVERY_THREAD.with(std::cell::Cell::get) {
+        Duration::ZERO
+    } else {
+        timeout
+    };
+    let queued = py.detach(|| {
+        let deadline = Instant::now() + timeout;
+        let mut delivery = DELIVERY.lock();
+        while delivery.busy
+            && !DELIVERY_CHANGED
+                .wait_until(&mut delivery, deadline)
+                .timed_out()
+        {}
+        std::mem::take(&mut delivery.windows)
+    });
+    let mut emitted = 0;
+    for (counter, window) in &queued {
+        emitted += 1;
+        if let Err(err) = emit_window(py, counter, window) {
+            failures.add(py, err, PyString::new(py, &counter.name).as_any());
+        }
+    }
+    let counters: Vec<Arc<Counter>> = COUNTERS.lock().clone();
+    for counter in &counters {
+        if let Some(window) = counter.core.flush() {
+            emitted += 1;
+            if let Err(err) = emit_window(py, counter, &window) {
+                failures.add(py, err, PyString::new(py, &counter.name).as_any());
+            }
+        }
+    }
+    emitted
+}
+
+/// The exit step (from `_flush_all_stats`): stops the delivery thread (its
+/// last dispatch may finish, GIL released here, for up to `EXIT_WAIT`), then
+/// emits what is left; from then on closed windows are dropped and Python
+/// is never touched, whatever torch does during and after finalization.
+pub fn flush_at_exit(py: Python<'_>) {
+    let thread = {
+        let mut delivery = DELIVERY.lock();
+        delivery.stop = true;
+        DELIVERY_CHANGED.notify_all();
+        delivery.thread.take()
+    };
+    let mut failures = Failures::default();
+    flush(py, &mut failures, EXIT_WAIT);
+    if let Err(err) = failures.into_result() {
+        err.write_unraisable(py, None);
+    }
+    AT_EXIT.store(true, Ordering::Release);
+    if let Some((pid, handle)) = thread {
+        if pid == std::process::id() && !DELIVERY.lock().busy {
+            // Stopped and idle: it returns without touching Python.
+            py.detach(|| drop(handle.join()));
+        } else {
+            std::mem::forget(handle);
+        }
+    }
+}
+
+/// Turns recording on for counters created from now on, with windows of
+/// `window_ms`. `ValueError` if it is on with another window.
+#[pyfunction]
+pub fn _enable_torch_wait_counters(window_ms: i64) -> PyResult<()> {
+    if window_ms < 1 {
+        return Err(arg_value_error(
+            "record_wait_counters",
+            "window_size",
+            "must be at least 1 millisecond",
+        ));
+    }
+    match WINDOW_MS.compare_exchange(0, window_ms, Ordering::SeqCst, Ordering::SeqCst) {
+        Ok(_) => Ok(()),
+        Err(current) if current == window_ms => Ok(()),
+        Err(current) => Err(arg_value_error(
+            "record_wait_counters",
+            "window_size",
+            format_args!(
+                "must match the window wait counters are already recorded with \
+                 ({current} ms), not {window_ms} ms"
+            ),
+        )),
+    }
+}
+
+/// Turns recording off for counters created from now on (a failed
+/// `record_wait_counters`).
+#[pyfunction]
+pub fn _disable_torch_wait_counters() {
+    WINDOW_MS.store(0, Ordering::SeqCst);
+}
+
+/// Whether libc10 called the init function with `PROBE_KEY`.
+#[pyfunction]
+pub fn _torch_wait_counter_probe_seen() -> bool {
+    PROBE_SEEN.load(Ordering::SeqCst)
+}
+
+/// The names of the Stats of the counters torch created, in creation order.
+#[pyfunction]
+pub fn _torch_wait_counter_names() -> Vec<String> {
+    COUNTERS.lock().iter().map(|c| c.name.clone()).collect()
+}
