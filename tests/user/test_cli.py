@@ -556,6 +556,56 @@ def test_to_tensorboard_malformed_file_exits_2(tmp_path, capsys):
     assert not out_dir.exists()  # nothing is written from a log that cannot be read
 
 
+def test_to_tensorboard_a_bad_line_after_good_ones_leaves_logdir_as_it_was(tmp_path):
+    """to-tensorboard writes as it reads (docs/cli.md); a malformed line
+    found after scalars were written removes what this run wrote."""
+    pytest.importorskip("tensorboardX")
+    log = tmp_path / "bad.jsonl"
+    write_log(log, [stat_event(i, {"a.sum": float(i)}) for i in range(200)])
+    with log.open("a") as f:
+        f.write("{torn\n")
+    new_dir = tmp_path / "new" / "tb"
+    result = run_cli("to-tensorboard", str(log), str(new_dir))
+    one_line_error(result, f"torchmon to-tensorboard: {log}:201: not valid JSON")
+    assert not (tmp_path / "new").exists()
+    kept = tmp_path / "kept"
+    kept.mkdir()
+    (kept / "events.out.tfevents.earlier").write_bytes(b"earlier run")
+    result = run_cli("to-tensorboard", str(log), str(kept), "--append")
+    assert result.returncode == 2
+    assert sorted(p.name for p in kept.iterdir()) == ["events.out.tfevents.earlier"]
+
+
+def test_to_tensorboard_step_field_that_no_event_has_warns(tmp_path):
+    pytest.importorskip("tensorboardX")
+    log = tmp_path / "log.jsonl"
+    write_log(log, [torchmon.Event("val", T0, {"epoch": 5, "acc": 0.5})])
+    result = run_cli("to-tensorboard", str(log), str(tmp_path / "tb"), "--step-field", "epoch")
+    assert (result.returncode, result.stderr) == (0, "")
+    result = run_cli("to-tensorboard", str(log), str(tmp_path / "tb2"), "--step-field", "nosuch")
+    assert result.returncode == 0
+    assert result.stderr == (
+        "torchmon to-tensorboard: warning: no event has the field 'nosuch' (--step-field), "
+        "so other events' steps are their ordinals (0, 1, 2, ...)\n"
+    )
+
+
+def test_to_tensorboard_draws_progress_on_a_terminal_only(tmp_path, monkeypatch, capsys):
+    pytest.importorskip("tensorboardX")
+    log = tmp_path / "log.jsonl"
+    write_log(log, [stat_event(i, {"a.sum": float(i)}) for i in range(300)])
+    terminal = _Terminal()
+    monkeypatch.setattr(sys, "stderr", terminal)
+    assert main(["to-tensorboard", str(log), str(tmp_path / "tty")]) == 0
+    drawn = terminal.getvalue()
+    assert drawn.startswith("\r[")
+    assert "1 events  1 scalars" in drawn  # the first line's update, drawn at once
+    assert re.search(r"\r +\r$", drawn)  # erased before the result line
+    assert "wrote 300 scalars" in capsys.readouterr().out
+    piped = run_cli("to-tensorboard", str(log), str(tmp_path / "pipe"))
+    assert (piped.returncode, piped.stderr) == (0, "")
+
+
 # --- the rest -----------------------------------------------------------------
 
 
