@@ -182,7 +182,22 @@ def _check_buckets(buckets: object, name: str) -> tuple[tuple[int, int], ...]:
             f"not {type(buckets).__name__}"
         )
     checked: list[tuple[int, int]] = []
+    previous = MIN_INDEX - 1
     for pair in buckets:
+        # The common case, a JSON line's [index, count] (or a tuple) of
+        # plain ints in order, checked in a few comparisons: reading a log
+        # checks every bucket of every window (torchmon summarize).
+        if (type(pair) is list or type(pair) is tuple) and len(pair) == 2:
+            index, count = pair
+            if (
+                type(index) is int
+                and type(count) is int
+                and previous < index <= MAX_INDEX
+                and count > 0
+            ):
+                checked.append((index, count))
+                previous = index
+                continue
         if isinstance(pair, (str, bytes)) or not isinstance(pair, Iterable):
             raise TypeError(
                 f"Distribution({name}): {name} must hold (index, count) pairs, "
@@ -218,6 +233,7 @@ def _check_buckets(buckets: object, name: str) -> tuple[tuple[int, int], ...]:
                 f"({checked[-1][0]} then {index})"
             )
         checked.append((index, count))
+        previous = index
     return tuple(checked)
 
 

@@ -112,7 +112,7 @@ class _Log:
 _writer_ids = itertools.count()
 
 
-def _summary_writer(logdir: str) -> Any:
+def _summary_writer(logdir: str, *, max_queue: int = 10) -> Any:
     try:
         module = importlib.import_module("tensorboardX")
     except ImportError:
@@ -125,7 +125,7 @@ def _summary_writer(logdir: str) -> Any:
     # (to-tensorboard --append) would replace the first's file. The pid and a
     # per-process count make the name unique, as torch's SummaryWriter does.
     suffix = f".{os.getpid()}.{next(_writer_ids)}"
-    return module.SummaryWriter(logdir=logdir, filename_suffix=suffix)
+    return module.SummaryWriter(logdir=logdir, filename_suffix=suffix, max_queue=max_queue)
 
 
 def _tensorboard_handler(writer: Any, *, step_field: str | None, layout: str = "torch") -> Any:

@@ -44,33 +44,31 @@ _TREND_BARS_ASCII = "_.-=+*#@"
 
 class _Trend:
     """A series of any length kept as at most ``_TREND_WIDTH`` runs of
-    consecutive values (their sum and count): when the runs are full,
-    neighbours are merged in pairs and each run from then on holds twice as
-    many values. Memory stays the same however many windows a log holds."""
+    consecutive values (the sum and count of their finite ones): when the
+    runs are full, neighbours are merged in pairs and each run from then on
+    holds twice as many values. Memory stays the same however many windows
+    a log holds. The series (:class:`_Series`) opens a run when ``capacity``
+    values have come, and adds each finite value to the last run."""
 
-    __slots__ = ("_counts", "_run", "_sums")
+    __slots__ = ("capacity", "counts", "run", "sums")
 
     def __init__(self) -> None:
-        self._sums: list[float] = []
-        self._counts: list[int] = []
-        self._run = 1  # values per run; only the last run may be partly filled
+        self.sums: list[float] = []
+        self.counts: list[int] = []
+        self.run = 1  # values per run; only the last run may be partly filled
+        self.capacity = 0  # values the runs so far hold
 
-    def add(self, value: float, seen: int) -> None:
-        """``value`` is the ``seen``-th value (1-based) of the series."""
-        if len(self._sums) * self._run < seen:
-            if len(self._sums) == _TREND_WIDTH:
-                self._sums = [a + b for a, b in zip(self._sums[::2], self._sums[1::2])]
-                self._counts = [a + b for a, b in zip(self._counts[::2], self._counts[1::2])]
-                self._run *= 2
-            if len(self._sums) * self._run < seen:
-                self._sums.append(0.0)
-                self._counts.append(0)
-        if math.isfinite(value):
-            self._sums[-1] += value
-            self._counts[-1] += 1
+    def open_run(self) -> None:
+        if len(self.sums) == _TREND_WIDTH:
+            self.sums = [a + b for a, b in zip(self.sums[::2], self.sums[1::2])]
+            self.counts = [a + b for a, b in zip(self.counts[::2], self.counts[1::2])]
+            self.run *= 2
+        self.sums.append(0.0)
+        self.counts.append(0)
+        self.capacity = len(self.sums) * self.run
 
     def draw(self, bars: str) -> str:
-        means = [total / n if n else math.nan for total, n in zip(self._sums, self._counts)]
+        means = [total / n if n else math.nan for total, n in zip(self.sums, self.counts)]
         finite = [m for m in means if math.isfinite(m)]
         if not finite:
             return ""
@@ -118,18 +116,26 @@ class _Series:
     def add(self, value: float) -> None:
         self.seen += 1
         self.last = value
-        self.trend.add(value, self.seen)
-        if math.isnan(value):
-            return
-        self.n += 1
-        self.low = min(self.low, value)
-        self.high = max(self.high, value)
-        if value == math.inf:
-            self.pos_inf = True
-        elif value == -math.inf:
-            self.neg_inf = True
-        else:
+        trend = self.trend
+        if self.seen > trend.capacity:
+            trend.open_run()
+        if value - value == 0.0:  # finite
+            trend.sums[-1] += value
+            trend.counts[-1] += 1
+            self.n += 1
+            if value < self.low:
+                self.low = value
+            if value > self.high:
+                self.high = value
             self._add_finite(value)
+        elif value == value:  # +-inf (NaN is not equal to itself)
+            self.n += 1
+            if value > 0:
+                self.pos_inf = True
+                self.high = value
+            else:
+                self.neg_inf = True
+                self.low = value
 
     def _add_finite(self, x: float) -> None:
         if not self._scale and abs(x) > 2.0**1000:

@@ -12,6 +12,10 @@ from ._common import _EXIT_OK, _CliError, _Log, _summary_writer, _tensorboard_ha
 from .demo import _Progress
 
 
+#: Events queued for tensorboardX's writer thread at most.
+_WRITER_QUEUE = 4096
+
+
 def _event_files(directory: Path) -> list[Path]:
     """The TensorBoard event files directly in ``directory`` (one run)."""
     return sorted(p for p in directory.glob("*tfevents*") if p.is_file())
@@ -81,7 +85,11 @@ def run(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     with_step_field = 0
     try:
         try:
-            writer = _CountingWriter(_summary_writer(str(logdir)))
+            # tensorboardX's default queue of 10 events makes every add_scalar
+            # wait for its writer thread: 3 of 4 seconds of a conversion were
+            # spent waiting (docs/performance.md). A longer queue is still
+            # bounded memory: events of a few hundred bytes.
+            writer = _CountingWriter(_summary_writer(str(logdir), max_queue=_WRITER_QUEUE))
         except OSError as exc:
             raise _CliError(f"{logdir}: cannot write: {exc.strerror or exc}") from None
         try:
