@@ -367,7 +367,7 @@ def test_a_file_with_content_but_no_event_is_not_a_log(tmp_path):
     binary = tmp_path / "events.out.tfevents.1"
     binary.write_bytes(b"\x18\x00\x00\x00\x00\x00\x00\x00\xa3\x7fK\x22\t\x00")
     for command, detail in (
-        (["summarize", str(csv)], "no line holds an event (the 2 lines are unreadable; the first: "),
+        (["summarize", str(csv)], "no line holds an event (the 2 lines are unreadable; the first"),
         (["summarize", str(binary)], "it does not start with a JSON object"),
         (["to-tensorboard", str(binary), str(tmp_path / "tb")], "it does not start with a JSON"),
     ):

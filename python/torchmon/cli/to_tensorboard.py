@@ -11,7 +11,6 @@ from .._core import STAT_EVENT
 from ._common import _EXIT_OK, _CliError, _Log, _summary_writer, _tensorboard_handler
 from .demo import _Progress
 
-
 #: Events queued for tensorboardX's writer thread at most.
 _WRITER_QUEUE = 4096
 
