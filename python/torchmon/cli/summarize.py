@@ -475,12 +475,15 @@ def add_parser(commands: Any) -> None:
         help="print a per-stat table of JSON-lines logs",
         description=(
             "For every Stat in the JSON-lines logs: the number of windows and the last, "
-            "mean, min and max of each aggregation across them; then, for the Stats "
+            "mean, min and max of each aggregation across them, and its trend (a "
+            "sparkline of the windows); then, for the Stats "
             "whose distributions were stored (JsonlEventHandler(distributions=True)), "
             "p50, p90, p99 and p999 of every sample of every window of every file; "
             "then a count of the other events; with many files (events-rank*.jsonl), "
             "the totals of count and sum across them and the min and max of every "
-            "aggregation with the rank (or file) that held it."
+            "aggregation with the rank (or file) that held it, and each rank's "
+            "straggler score: its p50 over the fastest rank's. The files are read "
+            "line by line, in memory that does not grow with their length."
         ),
     )
     summarize.add_argument("files", metavar="FILE.jsonl", nargs="+")
