@@ -330,8 +330,8 @@ class _Ranks:
         label = self._label
         data = event.data
         if distribution is not None and data:
-            stat = next(iter(data)).rpartition(".")[0]
-            median = self._median(stat, label)
+            key = next(iter(data))
+            median = self._median(key.rpartition(".")[0] or key, label)
             median[0] = distribution if median[0] is None else median[0].merge(distribution)
         for key, value in data.items():
             if not _is_number(value):
