@@ -14,6 +14,7 @@ the first window close that makes one), never by ``import torchmon``.
 from __future__ import annotations
 
 import math
+import reprlib
 from collections.abc import Iterable, Mapping
 from fractions import Fraction
 from typing import Any
@@ -140,9 +141,15 @@ def _decode_float(value: object, name: str) -> float:
             return _NON_FINITE[text]
         raise ValueError(
             f'Distribution.from_dict(d): d[{name!r}]: {{"{_FLOAT_TAG}": ...}} must be '
-            f'"nan", "inf" or "-inf", not {text!r}'
+            f'"nan", "inf" or "-inf", not {_short_repr(text)}'
         )
     return value  # type: ignore[return-value]  # checked by the constructor
+
+
+def _short_repr(value: object) -> str:
+    """A repr cut short in depth and length: a value nested 100,000 deep
+    (read from a JSON line) gets its error message, not a RecursionError."""
+    return reprlib.repr(value)
 
 
 def _check_int(value: object, name: str) -> int:
@@ -156,7 +163,16 @@ def _check_int(value: object, name: str) -> int:
 def _check_float(value: object, name: str) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise TypeError(f"Distribution({name}): {name} must be a float, not {type(value).__name__}")
-    return float(value)
+    try:
+        return float(value)
+    except OverflowError:
+        # An int past the float range: a JSON line's 400-digit "sum" is bad
+        # input, not a crash (docs/api.md, Distribution).
+        digits = len(str(abs(value))) if abs(value) < 10**4000 else "over 4000"
+        raise ValueError(
+            f"Distribution({name}): {name} must be within the float range, "
+            f"got an int of {digits} digits"
+        ) from None
 
 
 def _check_buckets(buckets: object, name: str) -> tuple[tuple[int, int], ...]:
@@ -166,7 +182,22 @@ def _check_buckets(buckets: object, name: str) -> tuple[tuple[int, int], ...]:
             f"not {type(buckets).__name__}"
         )
     checked: list[tuple[int, int]] = []
+    previous = MIN_INDEX - 1
     for pair in buckets:
+        # The common case, a JSON line's [index, count] (or a tuple) of
+        # plain ints in order, checked in a few comparisons: reading a log
+        # checks every bucket of every window (torchmon summarize).
+        if (type(pair) is list or type(pair) is tuple) and len(pair) == 2:
+            index, count = pair
+            if (
+                type(index) is int
+                and type(count) is int
+                and previous < index <= MAX_INDEX
+                and count > 0
+            ):
+                checked.append((index, count))
+                previous = index
+                continue
         if isinstance(pair, (str, bytes)) or not isinstance(pair, Iterable):
             raise TypeError(
                 f"Distribution({name}): {name} must hold (index, count) pairs, "
@@ -175,7 +206,8 @@ def _check_buckets(buckets: object, name: str) -> tuple[tuple[int, int], ...]:
         items = tuple(pair)
         if len(items) != 2:
             raise ValueError(
-                f"Distribution({name}): {name} must hold (index, count) pairs, got {items!r}"
+                f"Distribution({name}): {name} must hold (index, count) pairs, "
+                f"got {_short_repr(items)}"
             )
         index, count = items
         if isinstance(index, bool) or not isinstance(index, int):
@@ -201,7 +233,73 @@ def _check_buckets(buckets: object, name: str) -> tuple[tuple[int, int], ...]:
                 f"({checked[-1][0]} then {index})"
             )
         checked.append((index, count))
+        previous = index
     return tuple(checked)
+
+
+def _extreme_places(
+    ints: dict[str, int],
+    positive: tuple[tuple[int, int], ...],
+    negative: tuple[tuple[int, int], ...],
+) -> tuple[tuple[str, int], tuple[str, int]] | None:
+    """Where the smallest and the largest non-NaN sample lie (as :func:`_place`
+    names a place), or None without any; negative buckets go by ``|x|``."""
+    places: list[tuple[str, int]] = []
+    if ints["negative_inf_count"]:
+        places.append(("-inf", 0))
+    if negative:
+        places += [("negative", negative[-1][0]), ("negative", negative[0][0])]
+    if ints["zero_count"]:
+        places.append(("zero", 0))
+    if positive:
+        places += [("positive", positive[0][0]), ("positive", positive[-1][0])]
+    if ints["positive_inf_count"]:
+        places.append(("inf", 0))
+    return (places[0], places[-1]) if places else None
+
+
+def _place(value: float) -> tuple[str, int]:
+    """Which count or bucket holds ``value`` (not NaN)."""
+    if value == -math.inf:
+        return ("-inf", 0)
+    if value == math.inf:
+        return ("inf", 0)
+    if value == 0.0:
+        return ("zero", 0)
+    return ("negative" if value < 0 else "positive", bucket_index(value))
+
+
+def _place_text(place: tuple[str, int]) -> str:
+    kind, index = place
+    if kind in ("negative", "positive"):
+        return f"{kind} bucket {index}"
+    return {"-inf": "negative_inf_count", "inf": "positive_inf_count", "zero": "zero_count"}[kind]
+
+
+def _check_extremes(
+    low: float,
+    high: float,
+    ints: dict[str, int],
+    positive: tuple[tuple[int, int], ...],
+    negative: tuple[tuple[int, int], ...],
+) -> None:
+    """A min or max that is not NaN is a sample (torch's MIN/MAX keep the
+    first one when it is NaN, docs/api.md): the smallest non-NaN one lies in
+    the lowest non-empty bucket or count, the largest in the highest one,
+    and min <= max. Checked so that quantiles clamped into [min, max] never
+    come from extremes the buckets contradict."""
+    if not math.isnan(low) and not math.isnan(high) and low > high:
+        raise ValueError(f"Distribution(min): min must be <= max, got min={low!r}, max={high!r}")
+    places = _extreme_places(ints, positive, negative)
+    if places is None:  # no non-NaN sample: the extremes are whatever the window held
+        return
+    lowest, highest = places
+    for name, value, place in (("min", low, lowest), ("max", high, highest)):
+        if not math.isnan(value) and _place(value) != place:
+            raise ValueError(
+                f"Distribution({name}): {name} {value!r} is not in {_place_text(place)}, "
+                f"where the {'smallest' if name == 'min' else 'largest'} sample is counted"
+            )
 
 
 def _combine_extreme(a: float, a_known: int, b: float, b_known: int, pick: Any) -> float:
@@ -317,6 +415,7 @@ class Distribution:
                 f"Distribution(count): count must equal the samples counted in the buckets, "
                 f"zeros, NaNs and infinities ({counted}), got {ints['count']}"
             )
+        _check_extremes(low, high, ints, pos, neg)
         _set(self, SCALE, ints["count"], total_sum, low, high, ints["zero_count"],
              ints["nan_count"], ints["positive_inf_count"], ints["negative_inf_count"],
              pos, neg)  # fmt: skip

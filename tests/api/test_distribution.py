@@ -189,7 +189,10 @@ def test_merge_min_max_unknown_when_a_window_with_samples_has_nan_ones() -> None
     samples (all NaN, or empty) adds no extreme (docs/api.md)."""
 
     def d(low: float, high: float) -> Distribution:
-        return Distribution(count=1, sum=1.0, min=low, max=high, positive=[(0, 1)])
+        # Two samples, in the buckets of the extremes given (of 0.25 and 8.0
+        # where an extreme is NaN, unknown), as the constructor requires.
+        shape = from_samples([0.25 if math.isnan(low) else low, 8.0 if math.isnan(high) else high])
+        return Distribution(count=2, sum=1.0, min=low, max=high, positive=shape.positive)
 
     all_nan = Distribution(count=2, sum=math.nan, min=math.nan, max=math.nan, nan_count=2)
     empty = Distribution(count=0, sum=0.0, min=0.0, max=0.0)
@@ -379,3 +382,47 @@ def test_a_stat_window_quantile_equals_the_distributions() -> None:
     expected = from_samples(samples)
     assert (d.positive, d.negative) == (expected.positive, expected.negative)
     assert (d.zero_count, d.nan_count, d.positive_inf_count) == (2, 1, 1)
+
+
+def test_from_dict_bad_input_is_a_value_or_type_error_never_a_crash() -> None:
+    """A JSON line can hold any int and any nesting: from_dict answers with a
+    ValueError/TypeError naming the field, not OverflowError/RecursionError
+    (docs/api.md, Distribution)."""
+    good = from_samples([1.5, 3.0]).to_dict()
+    for field in ("sum", "min", "max"):
+        with pytest.raises(ValueError, match=rf"Distribution\({field}\): .*float range"):
+            Distribution.from_dict({**good, field: 10**400})
+    deep: object = []
+    for _ in range(100_000):
+        deep = [deep]
+    with pytest.raises(ValueError, match=r"Distribution\(positive\)"):
+        Distribution.from_dict({**good, "positive": deep})
+    tagged: dict[str, object] = {}
+    innermost = tagged
+    for _ in range(100_000):
+        innermost["$float"] = innermost = {}
+    with pytest.raises(ValueError, match=r"d\['sum'\]"):
+        Distribution.from_dict({**good, "sum": tagged})
+
+
+def test_extremes_must_agree_with_the_buckets() -> None:
+    """min/max, when not NaN, are samples: min <= max, and each lies in the
+    lowest/highest non-empty bucket or count (docs/api.md, Distribution)."""
+    good = from_samples([1.5, 3.0]).to_dict()
+    with pytest.raises(ValueError, match=r"Distribution\(min\): min must be <= max"):
+        Distribution.from_dict({**good, "min": 3.0, "max": 1.5})
+    with pytest.raises(ValueError, match=r"Distribution\(min\): min 1000.0 is not in positive"):
+        Distribution.from_dict({**good, "min": 1000.0, "max": 1000.0})
+    with pytest.raises(ValueError, match=r"Distribution\(max\): max 2.0 is not in positive"):
+        Distribution.from_dict({**good, "max": 2.0})
+    with pytest.raises(ValueError, match=r"Distribution\(max\): max 3.0 is not in positive_inf"):
+        Distribution(count=2, sum=math.inf, min=1.5, max=3.0, positive_inf_count=1,
+                     positive=good["positive"][:1])  # fmt: skip
+    # Still accepted: NaN extremes (unknown), any extremes without a non-NaN
+    # sample, and the extremes of real samples of every kind.
+    Distribution.from_dict({**good, "min": {"$float": "nan"}, "max": {"$float": "nan"}})
+    Distribution(count=1, sum=math.nan, min=math.nan, max=math.nan, nan_count=1)
+    Distribution(count=0, sum=0.0, min=0.0, max=0.0)
+    for samples in ([-math.inf, -2.0, -0.0, 5e-324, 7.0, math.inf], [-3.0, -1e-300], [0.0]):
+        shaped = from_samples(samples)
+        assert Distribution.from_dict(shaped.to_dict()) == shaped

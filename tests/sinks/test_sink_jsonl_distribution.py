@@ -112,3 +112,23 @@ def test_repr_says_distributions(tmp_path: Path) -> None:
     with JsonlEventHandler(tmp_path / "a.jsonl", distributions=True) as sink:
         assert repr(sink).endswith(", distributions=True)")
     assert "distributions=True" in repr(read_jsonl(tmp_path / "a.jsonl", distributions=True))
+
+
+def test_a_distribution_beyond_the_float_range_is_an_unreadable_line(tmp_path: Path) -> None:
+    """A 400-digit int sum used to escape read_jsonl as OverflowError, even
+    with errors="skip" (docs/sinks.md, "Reading")."""
+    path = tmp_path / "huge.jsonl"
+    with JsonlEventHandler(path, distributions=True) as handler:
+        handler(window_event([1.0, 2.0]))
+    record = json.loads(path.read_text())
+    record["distribution"]["sum"] = 10**400
+    with path.open("a") as f:
+        f.write(json.dumps(record) + "\n")
+        f.write(path.read_text().splitlines()[0] + "\n")
+    reader = read_jsonl(path, distributions=True, errors="skip")
+    assert len(list(reader)) == 2
+    assert reader.skipped == 1
+    assert reader.first_skipped is not None
+    assert reader.first_skipped.startswith(f"{path}:2: not a valid distribution: Distribution(sum)")
+    with pytest.raises(ValueError, match=r":2: not a valid distribution: .*float range"):
+        list(read_jsonl(path, distributions=True))

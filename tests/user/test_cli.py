@@ -257,20 +257,22 @@ def test_summarize_table_values(tmp_path, capsys):
     assert main(["summarize", str(log)]) == 0
     lines = capsys.readouterr().out.splitlines()
     rows = [line.split() for line in lines]
-    assert rows[0] == ["stat", "aggregation", "windows", "last", "mean", "min", "max"]
-    # a.b: 3 windows; mean column values 1, 4, 2.5 -> last 2.5, mean 2.5, min 1, max 4.
-    assert ["a.b", "mean", "3", "2.5", "2.5", "1", "4"] in rows
-    assert ["a.b", "count", "3", "6", "4", "2", "6"] in rows
-    assert ["other", "sum", "1", "10", "10", "10", "10"] in rows
+    assert rows[0] == ["stat", "aggregation", "windows", "last", "mean", "min", "max", "trend"]
+    # a.b: 3 windows; mean column values 1, 4, 2.5 -> last 2.5, mean 2.5, min 1, max 4;
+    # the trend: 1 the lowest bar, 4 the highest, 2.5 halfway (the fifth of eight).
+    assert ["a.b", "mean", "3", "2.5", "2.5", "1", "4", "\u2581\u2588\u2585"] in rows
+    assert ["a.b", "count", "3", "6", "4", "2", "6", "\u2581\u2585\u2588"] in rows
+    assert ["other", "sum", "1", "10", "10", "10", "10", "\u2584"] in rows
     # Aligned: text columns start, number columns end, where their headers do.
     table = lines[: lines.index("")]
     header = table[0]
     agg_start = header.index("aggregation")
     windows_end = header.index("windows") + len("windows")
+    trend_start = header.index("trend")
     for line, row in zip(table[1:], rows[1:]):
         assert line[agg_start:].startswith(row[1])
         assert line[:windows_end].endswith(" " + row[2])
-        assert len(line) == len(header)
+        assert line[trend_start:] == row[7]
     # The other events are counted, with their last data.
     assert any(line.split()[:2] == ["epoch", "1"] and "loss=0.5" in line for line in lines)
 
@@ -315,7 +317,7 @@ def test_summarize_skips_unreadable_lines_and_says_how_many(tmp_path):
     result = run_cli("summarize", str(log))
     assert result.returncode == 0, result.stderr
     rows = [line.split() for line in result.stdout.splitlines()]
-    assert ["a", "sum", "3", "4", "2.33333", "1", "4"] in rows
+    assert ["a", "sum", "3", "4", "2.33333", "1", "4", "\u2581\u2583\u2588"] in rows
     assert result.stderr.startswith(
         f"torchmon summarize: skipped 2 unreadable lines (the first: {log}:2: not valid JSON: "
     )
@@ -363,10 +365,15 @@ def test_summarize_series_with_infinities_and_huge_values(tmp_path, capsys):
         ],
     )
     assert main(["summarize", str(log)]) == 0
-    rows = [line.split() for line in capsys.readouterr().out.splitlines()]
+    lines = capsys.readouterr().out.splitlines()
+    rows = [line.split()[:7] for line in lines]
     assert ["x", "max", "3", "2", "nan", "-inf", "inf"] in rows
     assert ["y", "sum", "3", "1.6e+308", "1.6e+308", "1.5e+308", "1.7e+308"] in rows
     assert ["z", "min", "3", "nan", "-inf", "-inf", "1"] in rows
+    # The trend leaves non-finite windows blank and spans 1.5e308..1.7e308,
+    # whose difference alone is past the float range.
+    trends = {line.split()[0]: line[lines[0].index("trend") :] for line in lines[1:4]}
+    assert trends == {"x": "  \u2584", "y": "\u2581\u2588\u2585", "z": " \u2584"}
 
 
 def test_summarize_missing_file_exits_2(tmp_path, capsys):
@@ -386,6 +393,51 @@ def test_summarize_empty_file(tmp_path, capsys):
     log.write_text("")
     assert main(["summarize", str(log)]) == 0
     assert "no events" in capsys.readouterr().out
+
+
+def test_a_file_with_content_but_no_event_is_not_a_log(tmp_path):
+    """A CSV file and a TensorBoard event file used to exit 0 with "no
+    events"; docs/cli.md promises exit 2 and one line for a malformed file.
+    An empty log, or one whose only line is still being written, has no
+    events yet: exit 0."""
+    csv = tmp_path / "x.csv"
+    csv.write_text("a,b\n1,2\n")
+    binary = tmp_path / "events.out.tfevents.1"
+    binary.write_bytes(b"\x18\x00\x00\x00\x00\x00\x00\x00\xa3\x7fK\x22\t\x00")
+    for command, detail in (
+        (["summarize", str(csv)], "no line holds an event (the 2 lines are unreadable; the first"),
+        (["summarize", str(binary)], "it does not start with a JSON object"),
+        (["to-tensorboard", str(binary), str(tmp_path / "tb")], "it does not start with a JSON"),
+    ):
+        path = command[1]
+        result = run_cli(*command)
+        assert result.returncode == 2, result
+        assert result.stderr.startswith(
+            f"torchmon {command[0]}: {path}: not a JSON-lines log: {detail}"
+        ), result.stderr
+        assert result.stderr.count("\n") == 1
+        assert result.stdout == ""
+    assert not (tmp_path / "tb").exists()
+    being_written = tmp_path / "new.jsonl"
+    being_written.write_text('{"name": "torch.monitor.Stat", "timest')
+    result = run_cli("summarize", str(being_written))
+    assert (result.returncode, result.stdout) == (0, f"{being_written}: no events\n")
+
+
+def test_summarize_trend_of_many_windows_stays_short_and_follows_the_values(tmp_path, capsys):
+    """The trend (docs/cli.md) of 1,000 windows is one sparkline of at most
+    24 runs of consecutive windows; a rising series draws rising bars."""
+    log = tmp_path / "log.jsonl"
+    write_log(log, [stat_event(i, {"x.mean": float(i), "y.max": 5.0}) for i in range(1000)])
+    assert main(["summarize", str(log)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    column = lines[0].index("trend")
+    trends = {line.split()[0]: line[column:] for line in lines[1:3]}
+    rising = trends["x"]
+    assert 12 <= len(rising) <= 24
+    assert rising[0] == "\u2581" and rising[-1] == "\u2588"
+    assert list(rising) == sorted(rising)
+    assert trends["y"] == "\u2584" * len(trends["y"])
 
 
 # --- to-tensorboard -----------------------------------------------------------
@@ -540,6 +592,56 @@ def test_to_tensorboard_malformed_file_exits_2(tmp_path, capsys):
     err = capsys.readouterr().err
     assert err.startswith(f"torchmon to-tensorboard: {log}:1: ")
     assert not out_dir.exists()  # nothing is written from a log that cannot be read
+
+
+def test_to_tensorboard_a_bad_line_after_good_ones_leaves_logdir_as_it_was(tmp_path):
+    """to-tensorboard writes as it reads (docs/cli.md); a malformed line
+    found after scalars were written removes what this run wrote."""
+    pytest.importorskip("tensorboardX")
+    log = tmp_path / "bad.jsonl"
+    write_log(log, [stat_event(i, {"a.sum": float(i)}) for i in range(200)])
+    with log.open("a") as f:
+        f.write("{torn\n")
+    new_dir = tmp_path / "new" / "tb"
+    result = run_cli("to-tensorboard", str(log), str(new_dir))
+    one_line_error(result, f"torchmon to-tensorboard: {log}:201: not valid JSON")
+    assert not (tmp_path / "new").exists()
+    kept = tmp_path / "kept"
+    kept.mkdir()
+    (kept / "events.out.tfevents.earlier").write_bytes(b"earlier run")
+    result = run_cli("to-tensorboard", str(log), str(kept), "--append")
+    assert result.returncode == 2
+    assert sorted(p.name for p in kept.iterdir()) == ["events.out.tfevents.earlier"]
+
+
+def test_to_tensorboard_step_field_that_no_event_has_warns(tmp_path):
+    pytest.importorskip("tensorboardX")
+    log = tmp_path / "log.jsonl"
+    write_log(log, [torchmon.Event("val", T0, {"epoch": 5, "acc": 0.5})])
+    result = run_cli("to-tensorboard", str(log), str(tmp_path / "tb"), "--step-field", "epoch")
+    assert (result.returncode, result.stderr) == (0, "")
+    result = run_cli("to-tensorboard", str(log), str(tmp_path / "tb2"), "--step-field", "nosuch")
+    assert result.returncode == 0
+    assert result.stderr == (
+        "torchmon to-tensorboard: warning: no event has the field 'nosuch' (--step-field), "
+        "so other events' steps are their ordinals (0, 1, 2, ...)\n"
+    )
+
+
+def test_to_tensorboard_draws_progress_on_a_terminal_only(tmp_path, monkeypatch, capsys):
+    pytest.importorskip("tensorboardX")
+    log = tmp_path / "log.jsonl"
+    write_log(log, [stat_event(i, {"a.sum": float(i)}) for i in range(300)])
+    terminal = _Terminal()
+    monkeypatch.setattr(sys, "stderr", terminal)
+    assert main(["to-tensorboard", str(log), str(tmp_path / "tty")]) == 0
+    drawn = terminal.getvalue()
+    assert drawn.startswith("\r[")
+    assert "1 events  1 scalars" in drawn  # the first line's update, drawn at once
+    assert re.search(r"\r +\r$", drawn)  # erased before the result line
+    assert "wrote 300 scalars" in capsys.readouterr().out
+    piped = run_cli("to-tensorboard", str(log), str(tmp_path / "pipe"))
+    assert (piped.returncode, piped.stderr) == (0, "")
 
 
 # --- the rest -----------------------------------------------------------------

@@ -9,7 +9,7 @@ import random
 import subprocess
 import sys
 from collections.abc import Callable
-from datetime import timedelta
+from datetime import datetime, timedelta
 from fractions import Fraction
 from pathlib import Path
 
@@ -72,6 +72,7 @@ def table(out: str, header: list[str]) -> list[list[str]]:
     return rows
 
 
+T0 = datetime(2025, 1, 2, 3, 4, 5)
 RANK_HEADER = ["stat", "aggregation", "ranks", "total", "min", "min_rank", "max", "max_rank"]
 
 
@@ -155,3 +156,41 @@ def test_a_missing_rank_file_is_one_line(tmp_path: Path) -> None:
     assert result.returncode == 2
     assert result.stdout == ""
     assert result.stderr == "torchmon summarize: events-rank1.jsonl: no such file\n"
+
+
+STRAGGLER_HEADER = ["stat", "rank", "p50", "score"]
+
+
+def test_straggler_score_is_each_ranks_p50_over_the_fastest_ranks(tmp_path: Path) -> None:
+    """docs/cli.md, "straggler score": from the rank's merged distribution
+    when stored (one value per rank here, so its p50 is that value exactly),
+    else from the mean of the rank's windows' p50."""
+    for rank, step in ((0, 0.010), (1, 0.025), (2, 0.0125)):
+        write_rank(tmp_path / f"events-rank{rank}.jsonl", [[step] * 5, [step] * 3])
+    result = summarize(tmp_path, *(f"events-rank{rank}.jsonl" for rank in range(3)))
+    assert (result.returncode, result.stderr) == (0, "")
+    assert table(result.stdout, STRAGGLER_HEADER) == [
+        ["train.step_time", "0", "0.01", "1.000"],
+        ["train.step_time", "1", "0.025", "2.500"],
+        ["train.step_time", "2", "0.0125", "1.250"],
+    ]
+
+    for rank, p50s in ((0, [1.0, 3.0]), (1, [4.0])):
+        with JsonlEventHandler(tmp_path / f"p50-rank{rank}.jsonl") as handler:
+            for p50 in p50s:
+                handler(torchmon.Event(torchmon.STAT_EVENT, T0, {"lat.p50": p50, "lat.max": 9.0}))
+    result = summarize(tmp_path, "p50-rank0.jsonl", "p50-rank1.jsonl")
+    assert (result.returncode, result.stderr) == (0, "")
+    assert table(result.stdout, STRAGGLER_HEADER) == [
+        ["lat", "0", "2", "1.000"],
+        ["lat", "1", "4", "2.000"],
+    ]
+
+
+def test_no_straggler_table_without_a_median(tmp_path: Path) -> None:
+    for rank in range(2):
+        with JsonlEventHandler(tmp_path / f"events-rank{rank}.jsonl") as handler:
+            handler(torchmon.Event(torchmon.STAT_EVENT, T0, {"x.max": 1.0}))
+    result = summarize(tmp_path, "events-rank0.jsonl", "events-rank1.jsonl")
+    assert result.returncode == 0
+    assert "score" not in result.stdout

@@ -8,7 +8,11 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from .._core import STAT_EVENT
-from ._common import _EXIT_OK, _CliError, _read_events, _summary_writer, _tensorboard_handler
+from ._common import _EXIT_OK, _CliError, _Log, _summary_writer, _tensorboard_handler
+from .demo import _Progress
+
+#: Events queued for tensorboardX's writer thread at most.
+_WRITER_QUEUE = 4096
 
 
 def _event_files(directory: Path) -> list[Path]:
@@ -16,7 +20,9 @@ def _event_files(directory: Path) -> list[Path]:
     return sorted(p for p in directory.glob("*tfevents*") if p.is_file())
 
 
-def _prepare_conversion_logdir(logdir: str, *, append: bool) -> Path:
+def _prepare_conversion_logdir(logdir: str, *, append: bool) -> tuple[Path, Path | None]:
+    """LOGDIR, made if needed, and the outermost directory this made (None
+    when LOGDIR existed): what to remove again if the log turns out bad."""
     path = Path(logdir)
     if path.exists() and not path.is_dir():
         raise _CliError(f"{logdir}: exists and is not a directory")
@@ -27,11 +33,31 @@ def _prepare_conversion_logdir(logdir: str, *, append: bool) -> Path:
                 f"{logdir}: already holds {len(existing)} TensorBoard event file(s), "
                 "whose points would be shown twice; give a new directory, or --append"
             )
+    made = None
+    for parent in [path, *path.absolute().parents]:
+        if parent.exists():
+            break
+        made = parent
     try:
         path.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise _CliError(f"{logdir}: cannot create it: {exc.strerror or exc}") from None
-    return path
+    return path, made
+
+
+def _undo(logdir: Path, made: Path | None, before: set[Path]) -> None:
+    """Removes the event files this run wrote and the directories it made,
+    so that a log found bad halfway leaves LOGDIR as it was (docs/cli.md)."""
+    for written in set(_event_files(logdir)) - before:
+        written.unlink(missing_ok=True)
+    if made is not None:
+        for directory in [logdir, *logdir.absolute().parents]:
+            try:
+                directory.rmdir()
+            except OSError:
+                break
+            if directory.absolute() == made.absolute():
+                break
 
 
 class _CountingWriter:
@@ -50,25 +76,51 @@ class _CountingWriter:
 
 
 def run(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
-    events = _read_events(args.file)
-    logdir = _prepare_conversion_logdir(args.logdir, append=args.append)
+    log = _Log(args.file, "raise", distributions=False)
+    logdir, made = _prepare_conversion_logdir(args.logdir, append=args.append)
+    before = set(_event_files(logdir))
+    progress = _Progress(log.size, err)
+    from_stats = 0  # the handler writes every item of a Stat event
+    with_step_field = 0
     try:
-        writer = _CountingWriter(_summary_writer(str(logdir)))
+        try:
+            # tensorboardX's default queue of 10 events makes every add_scalar
+            # wait for its writer thread: 3 of 4 seconds of a conversion were
+            # spent waiting (docs/performance.md). A longer queue is still
+            # bounded memory: events of a few hundred bytes.
+            writer = _CountingWriter(_summary_writer(str(logdir), max_queue=_WRITER_QUEUE))
+        except OSError as exc:
+            raise _CliError(f"{logdir}: cannot write: {exc.strerror or exc}") from None
         try:
             handler = _tensorboard_handler(writer, step_field=args.step_field, layout=args.layout)
-            for event in events:
+            for event in log:
+                if event.name == STAT_EVENT:
+                    from_stats += len(event.data)
+                elif args.step_field is not None and args.step_field in event.data:
+                    with_step_field += 1
                 handler(event)
+                progress.update(
+                    log.bytes_read, f"{log.records:,} events  {writer.scalars:,} scalars"
+                )
+        except OSError as exc:
+            raise _CliError(f"{logdir}: cannot write: {exc.strerror or exc}") from None
         finally:
+            progress.clear()
             writer.close()
-    except OSError as exc:
-        raise _CliError(f"{logdir}: cannot write: {exc.strerror or exc}") from None
-    # The handler writes every item of a Stat event; the rest came from other events.
-    from_stats = sum(len(e.data) for e in events if e.name == STAT_EVENT)
+    except _CliError:
+        _undo(logdir, made, before)
+        raise
     print(
         f"wrote {writer.scalars} scalars to {args.logdir} "
         f"({from_stats} from Stat events, {writer.scalars - from_stats} from other events)",
         file=out,
     )
+    if args.step_field is not None and not with_step_field:
+        print(
+            f"torchmon to-tensorboard: warning: no event has the field {args.step_field!r} "
+            "(--step-field), so other events' steps are their ordinals (0, 1, 2, ...)",
+            file=err,
+        )
     return _EXIT_OK
 
 
