@@ -128,9 +128,36 @@ def test_demo_shows_step_time_percentiles_and_memory_in_readable_units(demo):
     [(3.56024e7, "35.6 MB"), (2.36536e8, "237 MB"), (2.3829e9, "2.38 GB"), (512.0, "512 B")],
 )
 def test_demo_bytes_are_shown_in_decimal_units(value: float, shown: str) -> None:
-    from torchmon.cli.demo import _readable_bytes
+    from torchmon.cli.summarize import _readable_bytes
 
     assert _readable_bytes(value) == shown
+
+
+def test_summarize_shows_memory_stats_in_decimal_units(tmp_path):
+    """The table's memory rows read `35.6 MB`, not `3.56024e+07`; counts
+    and other Stats keep plain numbers (docs/cli.md, `torchmon summarize`)."""
+    log = tmp_path / "events.jsonl"
+    handler = torchmon.JsonlEventHandler(str(log))
+    handle = torchmon.register_event_handler(handler)
+    try:
+        for memory, loss in ((3.56024e7, 0.5), (3.61e7, 0.25)):
+            data = {
+                "process.memory.usage.max": memory,
+                "process.memory.usage.count": 2048.0,
+                "train.loss.mean": loss,
+            }
+            torchmon.log_event(torchmon.Event(torchmon.STAT_EVENT, datetime.now(), data))
+    finally:
+        torchmon.unregister_event_handler(handle)
+        handler.close()
+    result = run_cli("summarize", str(log))
+    assert result.returncode == 0, result.stderr
+    rows = {tuple(line.split()[:2]): line for line in result.stdout.splitlines() if line}
+    memory_max = rows[("process.memory.usage", "max")]
+    assert "36.1 MB" in memory_max and "35.6 MB" in memory_max, memory_max
+    assert "e+07" not in result.stdout
+    assert "2048" in rows[("process.memory.usage", "count")]
+    assert "0.375" in rows[("train.loss", "mean")]
 
 
 def test_demo_jsonl_holds_every_stat_window_and_the_epoch_events(demo_events):

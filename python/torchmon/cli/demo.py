@@ -25,11 +25,11 @@ from ._common import (
     _EXIT_INTERRUPTED,
     _EXIT_OK,
     _CliError,
-    _read_records,
+    _Log,
     _summary_writer,
     _tensorboard_handler,
 )
-from .summarize import _Summary
+from .summarize import _readable_bytes, _Summary
 
 
 class _Progress:
@@ -145,7 +145,7 @@ def run(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     if interrupted:
         print(f"\ninterrupted; the partial logs are in {logdir}", file=err)
         return _EXIT_INTERRUPTED
-    records = _read_records(str(jsonl_path), "raise")[0]
+    records = list(_Log(str(jsonl_path), "raise", distributions=True))
     events = [event for event, _ in records]
     stat_events = sum(1 for e in events if e.name == STAT_EVENT)
     print(
@@ -157,16 +157,6 @@ def run(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     _print_highlights(records, out)
     _print_next_steps(logdir, jsonl_path, tensorboard_files=writer is not None, out=out)
     return _EXIT_OK
-
-
-def _readable_bytes(value: float) -> str:
-    """``35.6 MB``: decimal units, three significant digits."""
-    for unit, size in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
-        if abs(value) >= size:
-            return (
-                f"{value / size:.3g} {unit}" if value / size < 100 else f"{value / size:.0f} {unit}"
-            )
-    return f"{value:.0f} B"
 
 
 def _print_highlights(records: list[Any], out: TextIO) -> None:

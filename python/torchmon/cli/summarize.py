@@ -240,15 +240,16 @@ class _Summary:
         rows = [["stat", "aggregation", "windows", "last", "mean", "min", "max", "trend"]]
         for stat in sorted(self.stats):
             for agg, series in self.stats[stat].items():
+                shown = _readable_bytes if _holds_bytes(stat) and agg != "count" else _number
                 rows.append(
                     [
                         stat,
                         agg or "-",
                         str(self.windows[stat]),
-                        _number(series.last),
-                        _number(series.mean()),
-                        _number(series.low) if series.n else "nan",
-                        _number(series.high) if series.n else "nan",
+                        shown(series.last),
+                        shown(series.mean()),
+                        shown(series.low) if series.n else "nan",
+                        shown(series.high) if series.n else "nan",
                         series.trend.draw(bars),
                     ]
                 )
@@ -410,6 +411,30 @@ class _Ranks:
 
 def _number(value: float) -> str:
     return f"{value:.6g}"
+
+
+#: Stats in bytes by their names: SystemStats' memory figures (docs/guide.md,
+#: "System stats") and, by the usual suffix, any ``..._bytes`` Stat; the disk
+#: and network rates are bytes per second.
+_BYTES_NAME = re.compile(
+    r"(?:^|\.)memory\.(?:usage|limit|allocated|reserved)(?:\.peak)?$"
+    r"|^system\.(?:disk|network)\.io\.|[._]bytes$"
+)
+
+
+def _holds_bytes(stat: str) -> bool:
+    return _BYTES_NAME.search(stat) is not None
+
+
+def _readable_bytes(value: float) -> str:
+    """``35.6 MB``: decimal units, three significant digits."""
+    if not math.isfinite(value):
+        return _number(value)
+    for unit, size in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if abs(value) >= size:
+            scaled = value / size
+            return f"{scaled:.3g} {unit}" if abs(scaled) < 100 else f"{scaled:.0f} {unit}"
+    return f"{value:.0f} B"
 
 
 def _value_text(value: object) -> str:
