@@ -21,7 +21,7 @@ pub struct _PrometheusExposition {
     state: Mutex<Arc<Shared>>,
     closed: AtomicBool,
     /// The constructor's arguments, for the child's new state.
-    config: (Vec<(String, String)>, usize, Option<ClassicLayout>),
+    config: (Vec<(String, String)>, usize, Option<ClassicLayout>, bool),
 }
 
 struct Shared {
@@ -69,13 +69,15 @@ fn bucket_pairs(side: &Bound<'_, PyAny>) -> PyResult<Vec<(i32, u64)>> {
 impl _PrometheusExposition {
     /// `labels`: `(name, value)` pairs on every metric; `max_buckets`: the
     /// bucket limit per native histogram; `classic`: `(shift, first, uppers)`
-    /// of the handler's classic layout, to expose the classic buckets too.
+    /// of the handler's classic layout (the text exposition's buckets);
+    /// `protobuf_classic`: the protobuf body carries them too.
     #[new]
-    #[pyo3(signature = (labels, max_buckets, classic=None))]
+    #[pyo3(signature = (labels, max_buckets, classic=None, protobuf_classic=false))]
     fn new(
         labels: Vec<(String, String)>,
         max_buckets: usize,
         classic: Option<(u32, i32, Vec<f64>)>,
+        protobuf_classic: bool,
     ) -> PyResult<Self> {
         // The handler passes its layout; anything else is refused here
         // rather than met as a panic in a render.
@@ -91,12 +93,13 @@ impl _PrometheusExposition {
             first,
             uppers,
         });
-        let config = (labels, max_buckets, classic);
+        let config = (labels, max_buckets, classic, protobuf_classic);
         Ok(_PrometheusExposition {
             state: Mutex::new(Shared::new(Exposition::new(
                 config.0.clone(),
                 config.1,
                 config.2.clone(),
+                config.3,
             ))),
             closed: AtomicBool::new(false),
             config,
@@ -156,6 +159,23 @@ impl _PrometheusExposition {
         Some(PyBytes::new(py, &body))
     }
 
+    /// The text exposition (format 0.0.4) of every metric, byte for byte
+    /// prometheus_client's for the handler's registry, rendered detached
+    /// from Python like `render_protobuf`; `None` once closed.
+    fn render_text<'py>(&self, py: Python<'py>) -> Option<Bound<'py, PyBytes>> {
+        let state = self.state();
+        let body = py.detach(|| {
+            let _not_closing = state.closing.lock();
+            if self.closed.load(Ordering::Acquire) {
+                return None;
+            }
+            let mut body = String::with_capacity(512 * state.exposition.len());
+            state.exposition.encode_text(&mut body);
+            Some(body)
+        })?;
+        Some(PyBytes::new(py, body.as_bytes()))
+    }
+
     /// Later renders return `None`; a render in progress completes first.
     fn close(&self, py: Python<'_>) {
         let state = self.state();
@@ -174,8 +194,13 @@ impl _PrometheusExposition {
     /// copied locked by a render on another thread; a child serves nothing
     /// of the parent's).
     fn _after_fork_in_child(&self) {
-        let (labels, max_buckets, classic) = &self.config;
-        let fresh = Exposition::new(labels.clone(), *max_buckets, classic.clone());
+        let (labels, max_buckets, classic, protobuf_classic) = &self.config;
+        let fresh = Exposition::new(
+            labels.clone(),
+            *max_buckets,
+            classic.clone(),
+            *protobuf_classic,
+        );
         *self.state.lock() = Shared::new(fresh);
     }
 }
