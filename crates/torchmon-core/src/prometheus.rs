@@ -848,7 +848,7 @@ mod tests {
             (-1e16, "-1e+16"),
             (2.5e-300, "2.5e-300"),
             // Halfway between two 17-digit strings: Python's even one.
-            (1760485316806258.25, "1.7604853168062582e+15"),
+            (1_760_485_316_806_258.0 + 0.25, "1.7604853168062582e+15"),
             (f64::INFINITY, "+Inf"),
             (f64::NEG_INFINITY, "-Inf"),
             (f64::NAN, "NaN"),

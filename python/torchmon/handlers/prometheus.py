@@ -7,6 +7,7 @@ and the windows' distributions cumulative histograms.
 
 from __future__ import annotations
 
+import atexit
 import errno
 import math
 import os
@@ -219,7 +220,8 @@ class PrometheusEventHandler(ClosesOnExit):
         self._sources: dict[str, str] = {}  # metric name -> the data key it was made for
         self._lock = new_lock()
         self._closed = False
-        self._server: tuple[WSGIServer, threading.Thread] | None = None  # set by serve()
+        # Set by serve(): the port of the core's server, or the Python one.
+        self._server: int | tuple[WSGIServer, threading.Thread] | None = None
         # Whether the registry holds this handler's metrics only (serve()
         # made it), so that the core's text is the registry's text.
         self._text_from_core = False
@@ -243,8 +245,12 @@ class PrometheusEventHandler(ClosesOnExit):
         ``local_rank``, ``node``, ``job``); labels given replace those.
         ``port_base=0`` serves on a free port. ``.port`` is the port served;
         ``close()`` also stops the server and frees the port. A port that is
-        taken raises ``OSError`` (``errno.EADDRINUSE``) naming it. The server
-        is :meth:`wsgi_app` on a thread per request.
+        taken raises ``OSError`` (``errno.EADDRINUSE``) naming it. With its
+        own registry the server is a Rust thread that never takes the GIL
+        (``/metrics`` and ``/``, text format 0.0.4 or protobuf by the
+        ``Accept`` header); with a ``registry`` given, :meth:`wsgi_app` on a
+        Python thread per request, so that the registry's other collectors
+        are served too (docs/sinks.md, "Native histograms").
         """
         import prometheus_client
 
@@ -274,8 +280,14 @@ class PrometheusEventHandler(ClosesOnExit):
             options["labels"] = info.labels()
         handler = cls(**options)
         handler._text_from_core = own_registry
+        server: int | tuple[WSGIServer, threading.Thread]
         try:
-            server = _start_server(host, port, handler.wsgi_app())
+            if own_registry:
+                # The registry holds only the core's metrics: a Rust thread
+                # serves them, never taking the GIL (docs/sinks.md).
+                server = handler._native.serve(host, port)
+            else:  # it may hold other collectors: prometheus_client renders it
+                server = _start_server(host, port, handler.wsgi_app())
         except OSError as exc:
             handler.close()
             if exc.errno == errno.EADDRINUSE:
@@ -325,12 +337,16 @@ class PrometheusEventHandler(ClosesOnExit):
         """The port ``serve()`` serves on (``None`` for a handler made by the
         constructor, or once closed)."""
         server = self._server
-        return None if server is None else int(server[0].server_port)
+        if server is None or isinstance(server, int):
+            return server
+        return int(server[0].server_port)
 
     def _stop_server(self) -> None:
         with self._lock:
             server, self._server = self._server, None
-        if server is not None:
+        if isinstance(server, int):
+            self._native.stop_server()
+        elif server is not None:
             httpd, thread = server
             httpd.shutdown()
             httpd.server_close()
@@ -475,6 +491,17 @@ def _reset_expositions_in_child() -> None:
 
 
 os.register_at_fork(after_in_child=_reset_expositions_in_child)
+
+
+def _stop_servers_at_exit() -> None:
+    """The core's server threads stopped and joined (for up to 5 s each,
+    detached from Python) before the interpreter finalizes. They never
+    attach to Python, so the exit gate has nothing to hold back."""
+    for sink in list(_LIVE_HANDLERS):
+        sink._native.stop_server()
+
+
+atexit.register(_stop_servers_at_exit)
 
 _PROTOBUF_MEDIA_TYPE = "application/vnd.google.protobuf"
 _TEXT_MEDIA_TYPES = ("text/plain", "application/openmetrics-text", "*/*", "text/*")
