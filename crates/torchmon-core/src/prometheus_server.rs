@@ -238,8 +238,26 @@ fn accept_loop(listener: &TcpListener, shared: &Arc<Shared>, render: &Arc<Render
     }
 }
 
+/// Lowers the calling thread to the lowest CPU priority (nice 19), so that a
+/// render competing for a core with the training loop yields it: on a
+/// loaded machine the loop's longest gap otherwise grows by a scheduler
+/// time slice per scrape (docs/performance.md, "Prometheus scrapes").
+fn yield_the_cpu_to_the_training_loop() {
+    #[cfg(target_os = "linux")]
+    {
+        // SAFETY: gettid and setpriority take and return plain integers and
+        // touch no memory of ours; on Linux a thread id names that thread
+        // alone. A failure leaves the priority as it was, which is harmless.
+        unsafe {
+            let thread_id = libc::gettid();
+            libc::setpriority(libc::PRIO_PROCESS, thread_id as libc::id_t, 19);
+        }
+    }
+}
+
 /// Reads one request head and answers it.
 fn serve_connection(mut stream: TcpStream, render: &Arc<Render>) {
+    yield_the_cpu_to_the_training_loop();
     let _ = stream.set_read_timeout(Some(CLIENT_TIMEOUT));
     let _ = stream.set_write_timeout(Some(CLIENT_TIMEOUT));
     let mut head = Vec::with_capacity(1024);
