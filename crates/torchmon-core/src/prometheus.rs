@@ -234,8 +234,9 @@ pub struct Exposition {
     /// labels before and after `le` in that order (a constant label named
     /// `le` is replaced by the bucket's, as prometheus_client does).
     text_labels: String,
-    text_before_le: String,
-    text_after_le: String,
+    /// A histogram's `_bucket` label set per classic bound, `+Inf` last:
+    /// the same for every histogram of the handler, so written once.
+    text_bucket_labels: Vec<String>,
     families: Mutex<Families>,
 }
 
@@ -269,16 +270,36 @@ impl Exposition {
             text
         };
         let text_labels = join(&mut sorted.iter());
-        let text_before_le = join(&mut sorted.iter().filter(|(name, _)| name.as_str() < "le"));
-        let text_after_le = join(&mut sorted.iter().filter(|(name, _)| name.as_str() > "le"));
+        let before_le = join(&mut sorted.iter().filter(|(name, _)| name.as_str() < "le"));
+        let after_le = join(&mut sorted.iter().filter(|(name, _)| name.as_str() > "le"));
+        let bounds = classic
+            .as_ref()
+            .map_or(&[][..], |layout| &layout.uppers[..]);
+        let text_bucket_labels = std::iter::once(0.0)
+            .chain(bounds.iter().copied())
+            .chain(std::iter::once(f64::INFINITY))
+            .map(|le| {
+                let mut labels = before_le.clone();
+                if !labels.is_empty() {
+                    labels.push(',');
+                }
+                labels.push_str("le=\"");
+                go_float(le, &mut labels);
+                labels.push('"');
+                if !after_le.is_empty() {
+                    labels.push(',');
+                    labels.push_str(&after_le);
+                }
+                labels
+            })
+            .collect();
         Exposition {
             labels,
             max_buckets: max_buckets.max(1),
             classic,
             protobuf_classic,
             text_labels,
-            text_before_le,
-            text_after_le,
+            text_bucket_labels,
             families: Mutex::new(Families::default()),
         }
     }
@@ -429,27 +450,14 @@ impl Exposition {
                         .as_ref()
                         .map(|layout| cumulative.classic(layout))
                         .unwrap_or_default();
-                    let mut labels = String::new();
-                    let infinity = [(f64::INFINITY, 0u64)];
-                    for (le, below) in bounds.iter().chain(&infinity) {
-                        labels.clear();
-                        labels.push_str(&self.text_before_le);
-                        if !labels.is_empty() {
-                            labels.push(',');
-                        }
-                        labels.push_str("le=\"");
-                        go_float(*le, &mut labels);
-                        labels.push('"');
-                        if !self.text_after_le.is_empty() {
-                            labels.push(',');
-                            labels.push_str(&self.text_after_le);
-                        }
-                        let value = if le.is_infinite() {
-                            count
-                        } else {
-                            *below as f64
-                        };
-                        self.text_sample(out, name, "_bucket", &labels, value);
+                    // Without a layout only `+Inf`, the last label set.
+                    let skip = self.text_bucket_labels.len() - 1 - bounds.len();
+                    let counts = bounds.iter().map(|&(_, below)| below as f64);
+                    for (labels, value) in self.text_bucket_labels[skip..]
+                        .iter()
+                        .zip(counts.chain(std::iter::once(count)))
+                    {
+                        self.text_sample(out, name, "_bucket", labels, value);
                     }
                     self.text_sample(out, name, "_count", &self.text_labels, count);
                     self.text_sample(out, name, "_sum", &self.text_labels, cumulative.sum);
@@ -467,7 +475,14 @@ impl Exposition {
             out.push('}');
         }
         out.push(' ');
-        go_float(value, out);
+        // Most values are counts: a whole number below 10**6 is its digits
+        // and ".0" in floatToGoString too, without go_float's formatting.
+        if value.fract() == 0.0 && (0.0..1e6).contains(&value) && value.is_sign_positive() {
+            use std::fmt::Write;
+            let _ = write!(out, "{}.0", value as u32);
+        } else {
+            go_float(value, out);
+        }
         out.push('\n');
     }
 
