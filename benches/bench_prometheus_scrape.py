@@ -6,20 +6,22 @@ Run (after ``maturin develop --release``):
 
 Part 1, per scrape, in this process: the CPU time (``time.thread_time`` of
 the rendering thread, median and minimum of ``--repeats``) and the bytes of
-a ``PrometheusEventHandler`` holding 200 and 1,000 distribution Stats (P50,
-P99 and the histogram, one window of 500 samples each): the classic text
-exposition (what a text scraper gets, prometheus_client's
-``generate_latest``) and the protobuf one with native histograms (rendered
-in Rust, detached from Python); against prometheus_client's text scrape of
-200 ``Histogram``s with their 15 default buckets, and ``math.fabs(1.5)``,
-all in the same run.
+a ``PrometheusEventHandler.serve()`` handler holding 200 and 1,000
+distribution Stats (P50, P99 and the histogram, one window of 500 samples
+each): the classic text exposition and the protobuf one with native
+histograms, both rendered in Rust detached from Python, and the same
+state's text through prometheus_client's ``generate_latest`` (as before);
+against prometheus_client's text scrape of 200 ``Histogram``s with their
+15 default buckets, and ``math.fabs(1.5)``, all in the same run.
 
 Part 2, the loop: the longest gap between two consecutive ``Stat.add``
 calls of a hot loop (1 ms windows, so that windows close into the handler)
 over ``--loop-seconds`` (``--loop-repeats`` times), unscraped, then while a scraper *process* GETs
-``/metrics`` every 100 ms, once as Prometheus with native histograms asks
-(protobuf) and once as a text scraper. The handler serves 200 distribution
-Stats. docs/performance.md ("Prometheus scrapes") has the figures.
+``/metrics`` every 100 ms: from ``serve()``'s Rust server as Prometheus with
+native histograms asks (protobuf) and as a text scraper, and, for the
+before figure, from a Python WSGI thread rendering prometheus_client's text
+of the same registry. The handler serves 200 distribution Stats.
+docs/performance.md ("Prometheus scrapes") has the figures.
 """
 
 from __future__ import annotations
@@ -45,7 +47,8 @@ AGGREGATIONS = [torchmon.Aggregation.P50, torchmon.Aggregation.P99]
 
 
 def handler_with(stats: int, samples: int = 500) -> torchmon.PrometheusEventHandler:
-    sink = torchmon.PrometheusEventHandler(registry=CollectorRegistry(), labels={"rank": "0"})
+    # serve()'s own registry: the text is rendered in Rust, and a Rust thread serves.
+    sink = torchmon.PrometheusEventHandler.serve(port_base=0, labels={"rank": "0"})
     handle = torchmon.register_event_handler(sink)
     rng = random.Random(stats)
     try:
@@ -98,9 +101,17 @@ def part_one(repeats: int) -> None:
     )
     for stats in (200, 1000):
         sink = handler_with(stats)
-        for label, accept in (("text", "text/plain"), ("protobuf", PROTOBUF_ACCEPT)):
+        for label, accept in (
+            ("text, prometheus_client (before)", None),
+            ("text, Rust", "text/plain"),
+            ("protobuf, Rust", PROTOBUF_ACCEPT),
+        ):
 
-            def render(accept: str = accept, sink: torchmon.PrometheusEventHandler = sink) -> bytes:
+            def render(
+                accept: str | None = accept, sink: torchmon.PrometheusEventHandler = sink
+            ) -> bytes:
+                if accept is None:  # the same state through the registry, as before
+                    return generate_latest(sink.registry)
                 rendered = sink.render(accept)
                 assert rendered is not None
                 return rendered[1]
@@ -151,18 +162,35 @@ def longest_gap(seconds: float) -> float:
             return worst
 
 
+def python_text_app(sink: torchmon.PrometheusEventHandler):  # type: ignore[no-untyped-def]
+    """Before: a Python WSGI thread rendering prometheus_client's text."""
+
+    def app(environ, start_response):  # type: ignore[no-untyped-def]
+        body = generate_latest(sink.registry)
+        start_response("200 OK", [("Content-Length", str(len(body)))])
+        return [body]
+
+    return app
+
+
 def part_two(seconds: float, repeats: int) -> None:
     sink = handler_with(200)
     sink_handle = torchmon.register_event_handler(sink)
     from torchmon.handlers.prometheus import _start_server
 
-    httpd, thread = _start_server("127.0.0.1", 0, sink.wsgi_app())
-    port = int(httpd.server_port)
+    httpd, thread = _start_server("127.0.0.1", 0, python_text_app(sink))
+    python_port = int(httpd.server_port)
+    rust_port = sink.port
+    assert rust_port is not None
     try:
         # Each loop repeated; the minimum and median of the repeats' longest
         # gaps, so that one hiccup of a loaded machine is not the figure.
         rows = [("unscraped", [longest_gap(seconds) for _ in range(repeats)], 0)]
-        for label, accept in (("protobuf", PROTOBUF_ACCEPT), ("text", "text/plain")):
+        for label, accept, port in (
+            ("protobuf, Rust server", PROTOBUF_ACCEPT, rust_port),
+            ("text, Rust server", "text/plain", rust_port),
+            ("text, Python server + prometheus_client (before)", "text/plain", python_port),
+        ):
             gaps = []
             scrapes = 0
             for _ in range(repeats):

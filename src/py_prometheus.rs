@@ -3,13 +3,15 @@
 //! prometheus.py) that a scrape renders without holding the GIL.
 
 use parking_lot::Mutex;
-use pyo3::exceptions::{PyTypeError, PyValueError};
+use pyo3::exceptions::{PyOSError, PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyTuple};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
+use std::time::Duration;
 use torchmon_core::prometheus::{ClassicLayout, Exposition};
+use torchmon_core::prometheus_server::{Format, Render, Server};
 
 /// The outer lock is only ever taken while attached to Python and held for
 /// an `Arc` clone or swap, so on GIL builds no thread holds it at a fork.
@@ -19,9 +21,12 @@ use torchmon_core::prometheus::{ClassicLayout, Exposition};
 #[pyclass(module = "torchmon._core", frozen, weakref)]
 pub struct _PrometheusExposition {
     state: Mutex<Arc<Shared>>,
-    closed: AtomicBool,
+    closed: Arc<AtomicBool>,
+    /// The server of `serve`; like `state`, its lock is only taken while
+    /// attached to Python, for a take or a put.
+    server: Mutex<Option<Server>>,
     /// The constructor's arguments, for the child's new state.
-    config: (Vec<(String, String)>, usize, Option<ClassicLayout>),
+    config: (Vec<(String, String)>, usize, Option<ClassicLayout>, bool),
 }
 
 struct Shared {
@@ -43,6 +48,28 @@ impl Shared {
 impl _PrometheusExposition {
     fn state(&self) -> Arc<Shared> {
         self.state.lock().clone()
+    }
+}
+
+impl Shared {
+    /// A scrape's body, or `None` once closed; never attached to Python.
+    fn render(&self, closed: &AtomicBool, format: Format) -> Option<Vec<u8>> {
+        let _not_closing = self.closing.lock();
+        if closed.load(Ordering::Acquire) {
+            return None;
+        }
+        Some(match format {
+            Format::Protobuf => {
+                let mut body = Vec::with_capacity(256 * self.exposition.len());
+                self.exposition.encode_protobuf(&mut body);
+                body
+            }
+            Format::Text => {
+                let mut body = String::with_capacity(512 * self.exposition.len());
+                self.exposition.encode_text(&mut body);
+                body.into_bytes()
+            }
+        })
     }
 }
 
@@ -69,13 +96,15 @@ fn bucket_pairs(side: &Bound<'_, PyAny>) -> PyResult<Vec<(i32, u64)>> {
 impl _PrometheusExposition {
     /// `labels`: `(name, value)` pairs on every metric; `max_buckets`: the
     /// bucket limit per native histogram; `classic`: `(shift, first, uppers)`
-    /// of the handler's classic layout, to expose the classic buckets too.
+    /// of the handler's classic layout (the text exposition's buckets);
+    /// `protobuf_classic`: the protobuf body carries them too.
     #[new]
-    #[pyo3(signature = (labels, max_buckets, classic=None))]
+    #[pyo3(signature = (labels, max_buckets, classic=None, protobuf_classic=false))]
     fn new(
         labels: Vec<(String, String)>,
         max_buckets: usize,
         classic: Option<(u32, i32, Vec<f64>)>,
+        protobuf_classic: bool,
     ) -> PyResult<Self> {
         // The handler passes its layout; anything else is refused here
         // rather than met as a panic in a render.
@@ -91,14 +120,16 @@ impl _PrometheusExposition {
             first,
             uppers,
         });
-        let config = (labels, max_buckets, classic);
+        let config = (labels, max_buckets, classic, protobuf_classic);
         Ok(_PrometheusExposition {
             state: Mutex::new(Shared::new(Exposition::new(
                 config.0.clone(),
                 config.1,
                 config.2.clone(),
+                config.3,
             ))),
-            closed: AtomicBool::new(false),
+            closed: Arc::new(AtomicBool::new(false)),
+            server: Mutex::new(None),
             config,
         })
     }
@@ -144,16 +175,55 @@ impl _PrometheusExposition {
     /// and to make the bytes); `None` once closed.
     fn render_protobuf<'py>(&self, py: Python<'py>) -> Option<Bound<'py, PyBytes>> {
         let state = self.state();
-        let body = py.detach(|| {
-            let _not_closing = state.closing.lock();
-            if self.closed.load(Ordering::Acquire) {
-                return None;
-            }
-            let mut body = Vec::with_capacity(256 * state.exposition.len());
-            state.exposition.encode_protobuf(&mut body);
-            Some(body)
-        })?;
+        let body = py.detach(|| state.render(&self.closed, Format::Protobuf))?;
         Some(PyBytes::new(py, &body))
+    }
+
+    /// The text exposition (format 0.0.4) of every metric, byte for byte
+    /// prometheus_client's for the handler's registry, rendered detached
+    /// from Python like `render_protobuf`; `None` once closed.
+    fn render_text<'py>(&self, py: Python<'py>) -> Option<Bound<'py, PyBytes>> {
+        let state = self.state();
+        let body = py.detach(|| state.render(&self.closed, Format::Text))?;
+        Some(PyBytes::new(py, &body))
+    }
+
+    /// Serves `render`'s bodies over HTTP on `host:port` from a Rust thread
+    /// that never attaches to Python (torchmon_core::prometheus_server);
+    /// returns the port. An `OSError` with the errno if it cannot bind.
+    fn serve(&self, py: Python<'_>, host: &str, port: u16) -> PyResult<u16> {
+        if self.server.lock().is_some() {
+            return Err(PyValueError::new_err(
+                "_PrometheusExposition.serve: already serving",
+            ));
+        }
+        let state = self.state();
+        let closed = self.closed.clone();
+        let render: Arc<Render> = Arc::new(move |format| state.render(&closed, format));
+        let server =
+            py.detach(|| Server::start(host, port, render))
+                .map_err(|error| match error.raw_os_error() {
+                    Some(code) => PyOSError::new_err((code, error.to_string())),
+                    None => PyOSError::new_err(error.to_string()),
+                })?;
+        let port = server.port();
+        *self.server.lock() = Some(server);
+        Ok(port)
+    }
+
+    /// Stops the server of `serve` and frees its port, waiting (detached)
+    /// up to 5 s for its accepting thread; a no-op if none runs.
+    fn stop_server(&self, py: Python<'_>) {
+        let server = self.server.lock().take();
+        if let Some(server) = server {
+            py.detach(|| server.stop(Duration::from_secs(5)));
+        }
+    }
+
+    /// The port served by `serve`, `None` if none.
+    #[getter]
+    fn server_port(&self) -> Option<u16> {
+        self.server.lock().as_ref().map(Server::port)
     }
 
     /// Later renders return `None`; a render in progress completes first.
@@ -174,8 +244,18 @@ impl _PrometheusExposition {
     /// copied locked by a render on another thread; a child serves nothing
     /// of the parent's).
     fn _after_fork_in_child(&self) {
-        let (labels, max_buckets, classic) = &self.config;
-        let fresh = Exposition::new(labels.clone(), *max_buckets, classic.clone());
+        // The server's thread is the parent's: the child closes its copy
+        // of the listening socket and forgets the rest.
+        if let Some(server) = self.server.lock().take() {
+            server.forget_in_child();
+        }
+        let (labels, max_buckets, classic, protobuf_classic) = &self.config;
+        let fresh = Exposition::new(
+            labels.clone(),
+            *max_buckets,
+            classic.clone(),
+            *protobuf_classic,
+        );
         *self.state.lock() = Shared::new(fresh);
     }
 }

@@ -15,6 +15,7 @@ pub mod exit_gate;
 pub mod fork;
 pub mod histogram;
 pub mod prometheus;
+pub mod prometheus_server;
 pub mod registry;
 pub mod stat;
 mod sync;

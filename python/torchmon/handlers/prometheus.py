@@ -7,6 +7,7 @@ and the windows' distributions cumulative histograms.
 
 from __future__ import annotations
 
+import atexit
 import errno
 import math
 import os
@@ -151,6 +152,7 @@ class PrometheusEventHandler(ClosesOnExit):
         "_registry",
         "_server",
         "_sources",
+        "_text_from_core",
     )
 
     def __init__(
@@ -201,10 +203,12 @@ class PrometheusEventHandler(ClosesOnExit):
                 f"not {type(protobuf_classic_buckets).__name__}"
             )
         classic = None
-        if protobuf_classic_buckets and self._layout is not None:
+        if self._layout is not None:
             classic = (self._layout.shift, self._layout.first, self._layout.uppers)
-        # The cumulative state a protobuf scrape renders, in Rust.
-        self._native = _PrometheusExposition(list(self._labels.items()), max_buckets, classic)
+        # The cumulative state a scrape renders, in Rust.
+        self._native = _PrometheusExposition(
+            list(self._labels.items()), max_buckets, classic, protobuf_classic_buckets
+        )
         _LIVE_HANDLERS.add(self)
         # metric name -> its histogram, created at the first window that has one.
         self._histograms: dict[str, _DistributionHistogram] = {}
@@ -216,7 +220,11 @@ class PrometheusEventHandler(ClosesOnExit):
         self._sources: dict[str, str] = {}  # metric name -> the data key it was made for
         self._lock = new_lock()
         self._closed = False
-        self._server: tuple[WSGIServer, threading.Thread] | None = None  # set by serve()
+        # Set by serve(): the port of the core's server, or the Python one.
+        self._server: int | tuple[WSGIServer, threading.Thread] | None = None
+        # Whether the registry holds this handler's metrics only (serve()
+        # made it), so that the core's text is the registry's text.
+        self._text_from_core = False
 
     @property
     def registry(self) -> CollectorRegistry:
@@ -237,8 +245,12 @@ class PrometheusEventHandler(ClosesOnExit):
         ``local_rank``, ``node``, ``job``); labels given replace those.
         ``port_base=0`` serves on a free port. ``.port`` is the port served;
         ``close()`` also stops the server and frees the port. A port that is
-        taken raises ``OSError`` (``errno.EADDRINUSE``) naming it. The server
-        is :meth:`wsgi_app` on a thread per request.
+        taken raises ``OSError`` (``errno.EADDRINUSE``) naming it. With its
+        own registry the server is a Rust thread that never takes the GIL
+        (``/metrics`` and ``/``, text format 0.0.4 or protobuf by the
+        ``Accept`` header); with a ``registry`` given, :meth:`wsgi_app` on a
+        Python thread per request, so that the registry's other collectors
+        are served too (docs/sinks.md, "Native histograms").
         """
         import prometheus_client
 
@@ -261,13 +273,21 @@ class PrometheusEventHandler(ClosesOnExit):
                 f"{info.local_rank} = {port} is not a port in [0, 65535]"
             )
         options = dict(handler_options)
-        if options.get("registry") is None:
+        own_registry = options.get("registry") is None
+        if own_registry:
             options["registry"] = prometheus_client.CollectorRegistry()
         if "labels" not in options:
             options["labels"] = info.labels()
         handler = cls(**options)
+        handler._text_from_core = own_registry
+        server: int | tuple[WSGIServer, threading.Thread]
         try:
-            server = _start_server(host, port, handler.wsgi_app())
+            if own_registry:
+                # The registry holds only the core's metrics: a Rust thread
+                # serves them, never taking the GIL (docs/sinks.md).
+                server = handler._native.serve(host, port)
+            else:  # it may hold other collectors: prometheus_client renders it
+                server = _start_server(host, port, handler.wsgi_app())
         except OSError as exc:
             handler.close()
             if exc.errno == errno.EADDRINUSE:
@@ -289,15 +309,20 @@ class PrometheusEventHandler(ClosesOnExit):
         content type: protobuf when ``accept`` asks for
         :data:`PROTOBUF_CONTENT_TYPE` at least as much as for any text
         format, otherwise prometheus_client's text (OpenMetrics when asked
-        for). ``None`` once closed."""
+        for). The text format 0.0.4 of a :meth:`serve` handler's own
+        registry is rendered in Rust without the GIL too (the same bytes).
+        ``None`` once closed."""
         if _accepts_protobuf(accept):
             body = self._native.render_protobuf()
             return None if body is None else (PROTOBUF_CONTENT_TYPE, body)
         if self._native.closed:
             return None
-        from prometheus_client.exposition import choose_encoder
+        from prometheus_client.exposition import choose_encoder, generate_latest
 
         encoder, content_type = choose_encoder(accept or "")
+        if self._text_from_core and encoder is generate_latest:
+            body = self._native.render_text()
+            return None if body is None else (content_type, body)
         return content_type, encoder(self._registry)
 
     def wsgi_app(self) -> Callable[[dict[str, Any], Any], Iterable[bytes]]:
@@ -312,12 +337,16 @@ class PrometheusEventHandler(ClosesOnExit):
         """The port ``serve()`` serves on (``None`` for a handler made by the
         constructor, or once closed)."""
         server = self._server
-        return None if server is None else int(server[0].server_port)
+        if server is None or isinstance(server, int):
+            return server
+        return int(server[0].server_port)
 
     def _stop_server(self) -> None:
         with self._lock:
             server, self._server = self._server, None
-        if server is not None:
+        if isinstance(server, int):
+            self._native.stop_server()
+        elif server is not None:
             httpd, thread = server
             httpd.shutdown()
             httpd.server_close()
@@ -337,7 +366,6 @@ class PrometheusEventHandler(ClosesOnExit):
                     f"the metric name {name!r}"
                 )
             return self._children[name]
-        self._native.declare_gauge(name, stat_description(key))
         try:
             gauge = prometheus_client.Gauge(
                 name,
@@ -351,6 +379,8 @@ class PrometheusEventHandler(ClosesOnExit):
                 "(another handler or collector registered that name; give this handler "
                 "its own prefix or registry, or close() the other handler)"
             ) from None
+        # Declared in the registry's order: the core's text lists them so.
+        self._native.declare_gauge(name, stat_description(key))
         self._gauges[name] = gauge
         self._sources[name] = key
         # The labelled child; positional values, so that a label may be named "self".
@@ -451,13 +481,27 @@ def _reset_expositions_in_child() -> None:
     after _forksafe's hook has released the sinks' locks."""
     for sink in list(_LIVE_HANDLERS):
         sink._native._after_fork_in_child()
-        for name, (_, native_name) in sink._children.items():
-            sink._native.declare_gauge(native_name, stat_description(sink._sources[name]))
-        for name, histogram in sink._histograms.items():
-            sink._native.declare_histogram(name, histogram._help())
+        # In the order first declared, the registry's (_sources keeps it).
+        for name, source in sink._sources.items():
+            histogram = sink._histograms.get(name)
+            if histogram is not None:
+                sink._native.declare_histogram(name, histogram._help())
+            else:
+                sink._native.declare_gauge(name, stat_description(source))
 
 
 os.register_at_fork(after_in_child=_reset_expositions_in_child)
+
+
+def _stop_servers_at_exit() -> None:
+    """The core's server threads stopped and joined (for up to 5 s each,
+    detached from Python) before the interpreter finalizes. They never
+    attach to Python, so the exit gate has nothing to hold back."""
+    for sink in list(_LIVE_HANDLERS):
+        sink._native.stop_server()
+
+
+atexit.register(_stop_servers_at_exit)
 
 _PROTOBUF_MEDIA_TYPE = "application/vnd.google.protobuf"
 _TEXT_MEDIA_TYPES = ("text/plain", "application/openmetrics-text", "*/*", "text/*")
