@@ -5,6 +5,7 @@ docs/reliability.md "Flush on demand")."""
 from __future__ import annotations
 
 import datetime as dt
+import gc
 import threading
 import time
 from typing import Any
@@ -289,6 +290,9 @@ def test_sinks_that_send_over_the_network_are_flushed_after_the_local_ones() -> 
     order they were made in."""
     from torchmon._flush import _register_flushable
 
+    # Sinks an earlier test left in reference cycles (a raised exception's
+    # traceback) are unregistered when collected: collect them now.
+    gc.collect()
     order: list[str] = []
 
     class Sink:

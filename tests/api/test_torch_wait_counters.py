@@ -63,12 +63,9 @@ events = []
 torchmon.register_event_handler(lambda e: events.append(dict(e.data)))
 registry = prometheus_client.CollectorRegistry()
 writer = tensorboardX.SummaryWriter(logdir={tensorboard!r})
-for sink in (
-    torchmon.JsonlEventHandler({jsonl!r}),
-    torchmon.PrometheusEventHandler(registry=registry),
-    torchmon.TensorboardEventHandler(writer),
-):
-    torchmon.register_event_handler(sink)
+torchmon.register_event_handler(torchmon.JsonlEventHandler({jsonl!r}))
+torchmon.register_event_handler(torchmon.PrometheusEventHandler(registry=registry))
+tensorboard = torchmon.register_event_handler(torchmon.TensorboardEventHandler(writer))
 
 # A window closed by time reaches the handlers with no flush().
 closing = torch.monitor._WaitCounter("closing")
@@ -107,6 +104,10 @@ with torch.monitor._WaitCounter("odd key/é").guard():
 torchmon.flush()
 out["events"] = events
 out["prometheus"] = prometheus_client.generate_latest(registry).decode()
+# Unregistered before its writer closes: the exit flush below must not write
+# to a closed SummaryWriter, which would open a new event file, in the same
+# second under the same name, truncating this one.
+torchmon.unregister_event_handler(tensorboard)
 writer.close()
 print(json.dumps(out), flush=True)
 

@@ -304,20 +304,41 @@ def test_summarize_table_values(tmp_path, capsys):
     assert any(line.split()[:2] == ["epoch", "1"] and "loss=0.5" in line for line in lines)
 
 
+_BYTE_UNITS = {"B": 1.0, "kB": 1e3, "MB": 1e6, "GB": 1e9}
+
+
+def _cells(line: str) -> list[str]:
+    """A summarize row's cells: a value in bytes (`237 MB`) is one cell."""
+    cells: list[str] = []
+    for token in line.split():
+        if token in _BYTE_UNITS and cells:
+            cells[-1] = f"{cells[-1]} {token}"
+        else:
+            cells.append(token)
+    return cells
+
+
+def _shown_value(cell: str) -> float:
+    number, _, unit = cell.partition(" ")
+    return float(number) * _BYTE_UNITS[unit] if unit else float(number)
+
+
 def test_summarize_on_the_demo_log_prints_every_stat(demo, demo_events):
     _, logdir = demo
     result = run_cli("summarize", str(logdir / "events.jsonl"))
     assert result.returncode == 0, result.stderr
-    rows = [line.split() for line in result.stdout.splitlines()]
+    rows = [_cells(line) for line in result.stdout.splitlines()]
     series = stat_series(demo_events)
     for key, points in series.items():
         stat, _, agg = key.rpartition(".")
         row = next(r for r in rows if r[:2] == [stat, agg])
         windows = int(row[2])
         assert windows == len(points)
-        assert float(row[3]) == pytest.approx(points[-1][1], rel=1e-5)  # last
-        assert float(row[5]) == pytest.approx(min(v for _, v in points), rel=1e-5)
-        assert float(row[6]) == pytest.approx(max(v for _, v in points), rel=1e-5)
+        # Memory is shown as `237 MB`: three significant digits.
+        rel = 5e-3 if row[3].endswith("B") else 1e-5
+        assert _shown_value(row[3]) == pytest.approx(points[-1][1], rel=rel)  # last
+        assert _shown_value(row[5]) == pytest.approx(min(v for _, v in points), rel=rel)
+        assert _shown_value(row[6]) == pytest.approx(max(v for _, v in points), rel=rel)
     assert any(r[:2] == ["train.epoch_end", str(EPOCHS)] for r in rows)
 
 
