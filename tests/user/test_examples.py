@@ -270,6 +270,8 @@ def test_torchrun_prometheus_writes_outside_the_checkout_and_says_when_it_is_don
 def test_the_readme_names_every_example_script_before_its_first_section() -> None:
     """README.md's first screen lists every script of examples/ (the set-up
     commands come first, then the list)."""
+    if not (EXAMPLES.parent / "README.md").is_file():
+        pytest.skip("not run from a checkout: README.md is not beside tests/")
     readme = (EXAMPLES.parent / "README.md").read_text(encoding="utf-8")
     first_screen = readme.split("\n## ", 1)[0]
     scripts = sorted(path.name for path in EXAMPLES.glob("*.py"))
