@@ -364,8 +364,9 @@ class _Ranks:
     def straggler_rows(self) -> list[list[str]]:
         """Per Stat and rank: the rank's p50 (of all its samples when their
         distributions were stored, else the mean of its windows' p50) and
-        its score, that p50 over the fastest rank's (1.0 for the fastest):
-        the straggler score of docs/cli.md."""
+        its score, the fastest rank's p50 over that p50 (1.0 for the fastest,
+        lower for slower ranks): the straggler score of docs/cli.md, in the
+        direction of docs/straggler-rules.yml's relative score."""
         rows = [["stat", "rank", "p50", "score"]]
         for stat in sorted(self.medians):
             p50s = {}
@@ -377,7 +378,7 @@ class _Ranks:
             fastest = min(known)
             for label, p50 in p50s.items():
                 usable = math.isfinite(p50) and fastest > 0
-                score = f"{p50 / fastest:.3f}" if usable else "-"
+                score = f"{fastest / p50:.3f}" if usable else "-"
                 rows.append([stat, label, _number(p50), score])
         return rows
 
@@ -507,7 +508,7 @@ def add_parser(commands: Any) -> None:
             "then a count of the other events; with many files (events-rank*.jsonl), "
             "the totals of count and sum across them and the min and max of every "
             "aggregation with the rank (or file) that held it, and each rank's "
-            "straggler score: its p50 over the fastest rank's. The files are read "
+            "straggler score: the fastest rank's p50 over its own. The files are read "
             "line by line, in memory that does not grow with their length."
         ),
     )
