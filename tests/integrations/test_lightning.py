@@ -94,3 +94,22 @@ def test_the_logger_pickles_with_its_trainer_after_logging(tmp_path: Path) -> No
     assert sorted(w["sum"] for w in acc) == [1.0, 2.0]  # one Stat each, both emitted
     (hyperparams,) = [e.data for e in evs if e.name == "tiny.hyperparams"]
     assert hyperparams == {"lr": 0.1, "net/width": 8, "net/act": "None"}
+
+
+def test_step_time_windows_closed_before_the_first_logged_value_reach_the_log(
+    tmp_path: Path,
+) -> None:
+    """TorchmonLogger opens its log_dir sinks when training starts, not at
+    the first value Lightning sends it (every log_every_n_steps, 5 in the
+    example): with 1 ms windows, the steps before it close windows too, and
+    every step is in the file once (docs/integrations.md)."""
+    log_dir = tmp_path / "run"
+    run_example(
+        "lightning_trainer.py",
+        f"--log-dir={log_dir}",
+        f"--steps={STEPS}",
+        "--window=0.001",
+        cwd=tmp_path,
+    )
+    step_time = windows_of(events(log_dir / "events-rank0.jsonl"), "train.step_time")
+    assert total(step_time, "count") == STEPS

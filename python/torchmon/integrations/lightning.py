@@ -60,7 +60,8 @@ class TorchmonLogger(_Logger):  # type: ignore[misc]
     (nested keys joined with ``/``, values other than str, int, float and
     bool as their ``repr``); ``finalize`` emits every open window.
 
-    ``log_dir``: also register, from the first value logged until
+    ``log_dir``: also register, from the first value logged (from the start
+    of training when a ``TorchmonCallback`` is in the same Trainer) until
     ``finalize``, ``<log_dir>/events-rank{N}.jsonl`` and (with tensorboardX,
     unless ``tensorboard=False``) TensorBoard files in ``<log_dir>/rank{N}``.
     Unlike Lightning's built-in loggers it records on every rank, not only
@@ -173,6 +174,12 @@ class TorchmonCallback(_Callback):  # type: ignore[misc]
         self._peak_every = 50
 
     def on_train_start(self, trainer: Any, pl_module: Any) -> None:
+        # A TorchmonLogger opens its log_dir sinks at its first logged value,
+        # which Lightning sends only every log_every_n_steps: opened now, they
+        # also get the step-time windows that close before it.
+        for logger in getattr(trainer, "loggers", None) or ():
+            if isinstance(logger, TorchmonLogger):
+                logger._started()
         self._timer = StepTimer(self._prefix, self._window)
         self._peak = LoggedStats(self._window, PEAK_MEMORY_AGGREGATIONS)
         self._peak_every = max(1, int(getattr(trainer, "log_every_n_steps", 50) or 1))
