@@ -17,7 +17,7 @@ use crate::py_convert::{
     Surrogates, arg_type_error, arg_value_error, datetime_now, sample, string_arg, type_name,
 };
 use crate::py_event::Event;
-use crate::py_registry::{Failures, current_handlers, dispatch};
+use crate::py_registry::{Failures, Handlers, current_handlers, dispatch};
 use torchmon_core::aggregation::Aggregation;
 use torchmon_core::histogram::Distribution;
 use torchmon_core::stat::{Closed, MAX_NAME_CHARS, Stat as CoreStat, WindowStats};
@@ -52,6 +52,36 @@ pub fn stat_event_name(py: Python<'_>) -> &Bound<'_, PyString> {
         .bind(py)
 }
 
+/// Dispatches a closed window's `data` (its `<name>.<aggregation>` keys) as
+/// a `torch.monitor.Stat` event stamped now, with the window's Distribution:
+/// Python Stats and the torch wait-counter backend share it.
+pub(crate) fn dispatch_window_event(
+    py: Python<'_>,
+    handlers: &Handlers,
+    data: Bound<'_, PyDict>,
+    window: &WindowStats,
+) -> PyResult<()> {
+    let distribution = match &window.distribution {
+        Some(d) => Some(distribution_object(py, d)?),
+        None => None,
+    };
+    let timestamp = datetime_now(py)?.unbind();
+    let name = stat_event_name(py).clone().unbind();
+    let data = data.unbind();
+    // Each handler gets its own Event (renaming one must not affect the
+    // next). They may share the dict: an Event never hands it out.
+    dispatch(py, handlers, |_| {
+        // The Distribution is immutable: every handler's Event shares it.
+        let event = Event::from_parts(
+            name.clone_ref(py),
+            timestamp.clone_ref(py),
+            data.clone_ref(py),
+            distribution.as_ref().map(|d| d.clone_ref(py)),
+        );
+        Ok(Bound::new(py, event)?.into_any())
+    })
+}
+
 impl StatShared {
     /// Dispatches one closed window as a `torch.monitor.Stat` event.
     fn emit_window(&self, py: Python<'_>, window: &WindowStats) -> PyResult<()> {
@@ -62,25 +92,7 @@ impl StatShared {
         for output in &self.outputs {
             data.set_item(output.key.bind(py), window.get(output.aggregation))?;
         }
-        let distribution = match &window.distribution {
-            Some(d) => Some(distribution_object(py, d)?),
-            None => None,
-        };
-        let timestamp = datetime_now(py)?.unbind();
-        let name = stat_event_name(py).clone().unbind();
-        let data = data.unbind();
-        // Each handler gets its own Event (renaming one must not affect the
-        // next). They may share the dict: an Event never hands it out.
-        dispatch(py, &handlers, |_| {
-            // The Distribution is immutable: every handler's Event shares it.
-            let event = Event::from_parts(
-                name.clone_ref(py),
-                timestamp.clone_ref(py),
-                data.clone_ref(py),
-                distribution.as_ref().map(|d| d.clone_ref(py)),
-            );
-            Ok(Bound::new(py, event)?.into_any())
-        })
+        dispatch_window_event(py, &handlers, data, window)
     }
 
     /// Emits the windows one call closed. Their handlers' errors are one
@@ -114,7 +126,7 @@ impl StatShared {
 
 /// The `torchmon.Distribution` of a window (its `_from_core`, imported on
 /// first use: `import torchmon` does not load the module).
-pub(crate) fn distribution_object(py: Python<'_>, d: &Distribution) -> PyResult<Py<PyAny>> {
+fn distribution_object(py: Python<'_>, d: &Distribution) -> PyResult<Py<PyAny>> {
     static FROM_CORE: PyOnceLock<Py<PyAny>> = PyOnceLock::new();
     let from_core = FROM_CORE.get_or_try_init(py, || {
         py.import("torchmon._distribution")?

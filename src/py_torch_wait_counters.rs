@@ -28,10 +28,9 @@ use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use crate::py_convert::{arg_value_error, datetime_now};
-use crate::py_event::Event;
-use crate::py_registry::{Failures, current_handlers, dispatch};
-use crate::py_stat::{distribution_object, stat_event_name};
+use crate::py_convert::arg_value_error;
+use crate::py_registry::{Failures, current_handlers};
+use crate::py_stat::dispatch_window_event;
 use torchmon_core::aggregation::Aggregation;
 use torchmon_core::stat::{Stat as CoreStat, WindowStats};
 
@@ -291,22 +290,7 @@ fn emit_window(py: Python<'_>, counter: &Counter, window: &WindowStats) -> PyRes
             window.get(aggregation),
         )?;
     }
-    let distribution = match &window.distribution {
-        Some(d) => Some(distribution_object(py, d)?),
-        None => None,
-    };
-    let timestamp = datetime_now(py)?.unbind();
-    let name = stat_event_name(py).clone().unbind();
-    let data = data.unbind();
-    dispatch(py, &handlers, |_| {
-        let event = Event::from_parts(
-            name.clone_ref(py),
-            timestamp.clone_ref(py),
-            data.clone_ref(py),
-            distribution.as_ref().map(|d| d.clone_ref(py)),
-        );
-        Ok(Bound::new(py, event)?.into_any())
-    })
+    dispatch_window_event(py, &handlers, data, window)
 }
 
 /// Emits the queued windows, waits (GIL released) for the delivery thread's
