@@ -41,7 +41,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     };
     use crate::py_stat::{
         _flush_all_stats, _flush_stats_now, _install_tensor_support, _live_stat_count,
-        _reset_stats_after_fork, _stat_add_by_id, _stat_window_now, Stat,
+        _record_cpu_tensors, _reset_stats_after_fork, _stat_add_by_id, _stat_window_now, Stat,
     };
     crate::py_aggregation::add_to_module(m)?;
     m.add_class::<AsyncEventHandler>()?;
@@ -71,6 +71,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(_reset_stats_after_fork, m)?)?;
     m.add_function(wrap_pyfunction!(_install_tensor_support, m)?)?;
     m.add_function(wrap_pyfunction!(_stat_add_by_id, m)?)?;
+    m.add_function(wrap_pyfunction!(_record_cpu_tensors, m)?)?;
     m.add_function(wrap_pyfunction!(_stat_window_now, m)?)?;
     {
         use crate::py_torch_wait_counters as wc;

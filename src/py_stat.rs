@@ -659,6 +659,75 @@ pub fn _stat_add_by_id(
     failures.into_result().map(|()| true)
 }
 
+/// Records the CPU tensors of `staged`, what one run of a compiled graph
+/// staged (torchmon._compiled), as adds made now, in order: entries
+/// `(segments, tensor)`, where `segments` is `((live_id, length), ...)` and
+/// the tensor's first values go `length` by `length` to those Stats (values
+/// past the segments are the unused end of a staging buffer). Returns the entries whose tensors are on
+/// another device, for the deferred reads. One call per graph run, and one
+/// tensor read per staging buffer: each tensor attribute or method costs
+/// 0.1-0.3 us, the add of a value 0.02 (docs/performance.md, "Recording
+/// tensors").
+#[pyfunction]
+pub fn _record_cpu_tensors<'py>(
+    py: Python<'py>,
+    staged: &Bound<'py, PyTuple>,
+) -> PyResult<Vec<Bound<'py, PyAny>>> {
+    let mut elsewhere = Vec::new();
+    let mut failures = Failures::default();
+    for entry in staged.iter() {
+        let entry_items = entry.cast::<PyTuple>()?;
+        let (segments, tensor) = (entry_items.get_item(0)?, entry_items.get_item(1)?);
+        let segments = segments.cast::<PyTuple>()?;
+        if !tensor.getattr(pyo3::intern!(py, "is_cpu"))?.is_truthy()? {
+            elsewhere.push(entry);
+            continue;
+        }
+        // A 0-d tensor's tolist() is a number, a 1-d one's a list: one call
+        // reads either (bool and integer values convert as float() does).
+        let values = tensor.call_method0(pyo3::intern!(py, "tolist"))?;
+        let numbers = match values.cast::<PyList>() {
+            Ok(list) => list
+                .iter()
+                .map(|value| value.extract::<f64>())
+                .collect::<PyResult<Vec<f64>>>()?,
+            Err(_) => vec![values.extract::<f64>()?],
+        };
+        let mut start = 0;
+        for segment in segments.iter() {
+            // Tuples the trace built: read as tuples, not as sequences.
+            let segment = segment.cast::<PyTuple>()?;
+            let live_id: u64 = segment.get_item(0)?.extract()?;
+            let length: usize = segment.get_item(1)?.extract()?;
+            let end = start + length;
+            let Some(values) = numbers.get(start..end) else {
+                return Err(PyValueError::new_err(format!(
+                    "_record_cpu_tensors: segments past the {} staged values",
+                    numbers.len()
+                )));
+            };
+            start = end;
+            let Some(stat) = live_stat(live_id) else {
+                continue;
+            };
+            let now_ms = stat.core.now_ms();
+            let closed = match values {
+                // The lock-free path of a float add (add_many_at locks).
+                [value] => stat.core.add_at(*value, now_ms),
+                _ => stat
+                    .core
+                    .add_many_at(values.len(), |index| values[index], now_ms),
+            };
+            if !closed.is_empty()
+                && let Err(err) = stat.emit(py, &closed)
+            {
+                failures.add(py, err, stat.name.bind(py).as_any());
+            }
+        }
+    }
+    failures.into_result().map(|()| elsewhere)
+}
+
 /// The clock reading the Stat `live_id` measures its windows on now, and the
 /// id of the window it falls in; None when the Stat no longer lives.
 #[pyfunction]

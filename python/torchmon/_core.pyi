@@ -3,7 +3,7 @@
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import date, datetime, time, timedelta
 from types import MappingProxyType, TracebackType
-from typing import ClassVar, Literal, SupportsFloat, TypeAlias, final
+from typing import Any, ClassVar, Literal, SupportsFloat, TypeAlias, final
 
 from typing_extensions import Buffer
 
@@ -44,6 +44,7 @@ __all__ = [
     "_handler_count",
     "_install_tensor_support",
     "_live_stat_count",
+    "_record_cpu_tensors",
     "_reset_stats_after_fork",
     "_restart_async_handlers_after_fork",
     "_set_clock_ms",
@@ -226,6 +227,9 @@ def _stat_add_by_id(
     live_id: int, values: list[float], times_ms: list[int] | None = None
 ) -> bool: ...
 def _stat_window_now(live_id: int) -> tuple[int, int] | None: ...
+def _record_cpu_tensors(
+    staged: tuple[tuple[tuple[tuple[int, int], ...], Any], ...],
+) -> list[tuple[tuple[tuple[int, int], ...], Any]]: ...
 def _handler_count() -> int: ...
 def _set_clock_ms(ms: int | None) -> int | None: ...
 def _clock_ms() -> int: ...

@@ -16,11 +16,11 @@ earlier window closes at that add, as with floats.
 
 Compiled: dynamo cannot trace into a native method, so ``Stat.add`` and
 ``Stat.add_many`` get a traceable stand-in (``torch.compiler.substitute_in_graph``)
-that calls the operator ``torchmon::record`` (defined with torch.library).
-The operator takes a token tensor it declares as mutated, which keeps every
-call in the graph, in call order, and the Stat's ``_live_id`` (a number never
-reused), so that a graph does not keep its Stats alive. At run time the
-operator records as an eager add does.
+that stages the detached tensor with the Stat's ``_live_id`` (a number never
+reused, so that a graph does not keep its Stats alive) in ``_compiled``: the
+graph returns the staged tensors, and one Python call after each run of the
+graph, :func:`record_staged`, records them, in call order, as eager adds made
+then.
 """
 
 from __future__ import annotations
@@ -29,14 +29,16 @@ import sys
 import threading
 from types import ModuleType
 
-from . import _core, _forksafe
+from . import _compiled, _core, _forksafe
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # typing is not imported by `import torchmon`
     from typing import Any
 
-#: The oldest torch whose ``torch.compiler.substitute_in_graph`` and
-#: ``torch.library.custom_op`` this module uses.
+    from ._compiled import Staged
+
+#: The oldest torch whose ``torch.compiler.substitute_in_graph`` this
+#: module uses.
 MIN_TORCH_FOR_COMPILE = (2, 5)
 
 # Guards _pending; released in a forked child (a DataLoader worker may fork
@@ -44,12 +46,6 @@ MIN_TORCH_FOR_COMPILE = (2, 5)
 _lock = _forksafe.new_lock()
 _torch: Any = None
 _compile_support_installed = False
-# The tensor every `torchmon::record` call in a graph mutates: it orders them
-# and keeps them from being removed as dead code.
-_token: Any = None
-# The torch.library.Library that defines `torchmon::record` (the operator
-# lives as long as it does).
-_library: Any = None
 # live_id -> [window id, clock readings, detached device tensors (1-d)]
 _pending: dict[int, tuple[int, list[int], list[Any]]] = {}
 
@@ -92,7 +88,7 @@ def _read_at_call(values: Any) -> bool:
 
 def _record(live_id: int, values: Any) -> None:
     """Records the checked tensor ``values`` (one number, or 1-d) into the
-    Stat ``live_id``: what the compiled graph's operator runs."""
+    Stat ``live_id``."""
     if _read_at_call(values):
         # .item() and .tolist() read the values without the autograd graph.
         one = values.numel() == 1
@@ -132,6 +128,9 @@ def _read_pending(live_id: int, pending: tuple[int, list[int], list[Any]]) -> No
 def read_pending() -> None:
     """Reads every Stat's pending device tensors (``torchmon.flush()`` and
     exit call it)."""
+    leftovers = _compiled.take_leftovers()
+    if leftovers is not None:
+        record_staged(leftovers)
     with _lock:
         pending = list(_pending.items())
         _pending.clear()
@@ -185,6 +184,25 @@ def _install_eager(torch: ModuleType) -> None:
             atexit.register(read_pending)
 
 
+def record_staged(staged: Staged) -> None:
+    """Records what one run of a compiled graph staged (``_compiled``): its
+    checked, detached tensors, in call order, as eager adds at this moment."""
+    deferred = _core._record_cpu_tensors(staged) if _read_cpu_at_call else staged
+    if not deferred:
+        return
+    # Copied, in one kernel, before being kept: a graph replayed as a CUDA
+    # graph overwrites its outputs at the next run.
+    torch = _torch
+    copied = torch.cat(
+        [values[: sum(length for _, length in segments)] for segments, values in deferred]
+    )
+    start = 0
+    for segments, _ in deferred:
+        for live_id, length in segments:
+            _record(live_id, copied[start : start + length])
+            start += length
+
+
 def _install_compile(torch: ModuleType) -> None:
     """Makes ``stat.add(t)`` / ``stat.add_many(t)`` traceable by dynamo."""
     global _compile_support_installed
@@ -202,33 +220,58 @@ def _install_compile(torch: ModuleType) -> None:
         )
         return
     _compile_support_installed = True
-    global _token, _library
-    _token = torch.empty(0)
+    # The replayed store runs inside the compiled call, where dynamo's frame
+    # hook is still set: without this, dynamo would try to compile every
+    # Python frame the recording runs (ours, and the event handlers of the
+    # windows it closes) and count graph breaks in them. The store's own
+    # frame is skipped (checked in C per frame, with no wrapper); below it
+    # the hook is off, as torch._dynamo.disable turns it off, for two C calls
+    # instead of disable's wrapper.
+    from torch._C._dynamo.eval_frame import set_eval_frame
+    from torch._dynamo.decorators import skip as skip_frames_of
 
-    # torch.library.Library rather than torch.library.custom_op: custom_op's
-    # Python wrapper costs ~100 us per call, this kernel ~15 us
-    # (docs/performance.md, "Recording tensors").
-    _library = torch.library.Library("torchmon", "DEF")
-    _library.define("record(Tensor(a!) token, Tensor values, int live_id) -> ()")
+    def record_staged_outside_dynamo(staged: Staged) -> None:
+        prior = set_eval_frame(None)
+        try:
+            record_staged(staged)
+        finally:
+            set_eval_frame(prior)
 
-    def record(token: Any, values: Any, live_id: int) -> None:
-        _record(live_id, values)
-
-    def record_fake(token: Any, values: Any, live_id: int) -> None:
-        return None
-
-    _library.impl("record", record, "CompositeExplicitAutograd")
-    torch.library.register_fake("torchmon::record", record_fake, lib=_library)
-
-    record_op = torch.ops.torchmon.record.default
+    skip_frames_of(_compiled._StagingModule.__setattr__)
+    skip_frames_of(record_staged_outside_dynamo)
+    _compiled._recorder = record_staged_outside_dynamo
+    stage = _compiled.stage
+    is_compiling = torch.compiler.is_compiling
     original_add = _core.Stat.add
     original_add_many = _core.Stat.add_many
+    float64 = torch.float64
+
+    def stage_leaving_the_graph(live_id: int, values: Any) -> None:
+        # Detached: the graph's outputs keep no autograd graph alive.
+        # float64 and 1-d in the graph, where it is free, for a staging
+        # buffer. (With dynamic shapes the length is a symbolic int: dynamo
+        # guards on what stage compares it with, and replays its value.)
+        values = values.detach().reshape(-1).to(float64)
+        stage(live_id, values, values.shape[0])
+
+    buffer_size = _compiled.BUFFER_SIZE
+    zeros = torch.zeros
+    slice_scatter = torch.slice_scatter
+
+    def write(buffer: Any, values: Any, start: int) -> Any:
+        if buffer is None:
+            buffer = zeros(buffer_size, dtype=float64, device=values.device)
+        return slice_scatter(buffer, values, 0, start, start + values.shape[0])
+
+    _compiled._write = write
 
     @torch.compiler.substitute_in_graph(original_add, skip_signature_check=True)  # type: ignore[untyped-decorator]
     def traceable_add(self: _core.Stat, v: Any) -> None:
-        if isinstance(v, torch.Tensor):
+        if not is_compiling():  # dynamo only calls a stand-in while tracing
+            original_add(self, v)
+        elif isinstance(v, torch.Tensor):
             _check_values(v, "Stat.add", one_value=True)
-            record_op(_token, v.detach(), self._live_id)
+            stage_leaving_the_graph(self._live_id, v)
         else:
             # A number computed in the graph: left to the native method.
             torch._dynamo.graph_break()
@@ -236,9 +279,11 @@ def _install_compile(torch: ModuleType) -> None:
 
     @torch.compiler.substitute_in_graph(original_add_many, skip_signature_check=True)  # type: ignore[untyped-decorator]
     def traceable_add_many(self: _core.Stat, values: Any) -> None:
-        if isinstance(values, torch.Tensor):
+        if not is_compiling():
+            original_add_many(self, values)
+        elif isinstance(values, torch.Tensor):
             _check_values(values, "Stat.add_many", one_value=False)
-            record_op(_token, values.detach(), self._live_id)
+            stage_leaving_the_graph(self._live_id, values)
         else:
             torch._dynamo.graph_break()
             original_add_many(self, values)

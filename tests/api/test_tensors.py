@@ -9,6 +9,7 @@ ManualClock, and compares the events of the two.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Iterator
 from typing import Any
@@ -283,3 +284,168 @@ def test_cuda_adds_do_not_synchronise_the_device(recorder: Any) -> None:
         stat.add(torch.tensor(100.0, device="cuda"))  # closes the window: one read
         assert recorder.stat_data == [{"loss.sum": 15.0, "loss.count": 6.0}]
         torchmon.flush()
+
+
+# In-process compiled tests: the eager backend compiles in about a second and
+# traces exactly what inductor does (the subprocess test above runs both).
+def _compile(fn: Any, **options: Any) -> Any:
+    return torch.compile(fn, backend="eager", **options)
+
+
+@pytest.fixture
+def dynamo_counters() -> Any:
+    from torch._dynamo.utils import counters
+
+    counters.clear()
+    return counters
+
+
+class _Logger:
+    """What a trainer's logging helper looks like: dynamo inlines its methods."""
+
+    def __init__(self, stat: torchmon.Stat) -> None:
+        self.stat = stat
+
+    def log(self, value: Any) -> None:
+        self._log(value * 1)
+
+    def _log(self, value: Any) -> None:
+        self.stat.add(value)
+
+
+def test_compiled_adds_from_inlined_methods_are_recorded(
+    twins: Twins, read_mode: str, dynamo_counters: Any
+) -> None:
+    logger = _Logger(twins.tensors)
+
+    @_compile
+    def step(x: Any) -> Any:
+        loss = (x * x).mean()
+        logger.log(loss)
+        twins.tensors.add_many(x[:2])
+        return loss
+
+    with ManualClock() as clock:
+        for index in range(7):
+            x = torch.arange(4.0) + index
+            step(x)
+            twins.floats.add(float((x * x).mean()))
+            twins.floats.add_many(x[:2].tolist())
+            if index in (2, 4):
+                clock.advance(1000)
+        twins.assert_same()
+    assert sum(dynamo_counters["graph_break"].values()) == 0
+    assert dynamo_counters["stats"]["unique_graphs"] == 1
+    # Only the step's frame: the recording after each run, and the event
+    # handlers of the windows it closed, ran with dynamo's frame hook off.
+    assert dynamo_counters["frames"]["total"] == 1
+
+
+def test_values_staged_before_a_graph_break_are_recorded_in_call_order(
+    recorder: Any, dynamo_counters: Any
+) -> None:
+    stat = torchmon.Stat("order", [torchmon.VALUE, torchmon.COUNT], 60.0)
+
+    @_compile
+    def step(x: Any) -> Any:
+        stat.add(x.sum())
+        torch._dynamo.graph_break()
+        stat.add(x.max())
+        return x
+
+    step(torch.tensor([1.0, 2.0]))
+    step(torch.tensor([5.0, 7.0]))
+    torchmon.flush()
+    assert sum(dynamo_counters["graph_break"].values()) == 1
+    # VALUE is the last value added: the second graph's x.max() of the last call.
+    assert recorder.stat_data == [{"order.value": 7.0, "order.count": 4.0}]
+
+
+def test_a_compiled_step_run_by_several_threads_counts_every_value(recorder: Any) -> None:
+    import threading
+
+    stat = torchmon.Stat("threads", [torchmon.SUM, torchmon.COUNT], 3600.0)
+
+    @_compile
+    def step(x: Any) -> Any:
+        stat.add(x.sum())
+        return x + 1
+
+    step(torch.ones(3))  # compiled once, before the threads start
+    torchmon.flush()  # emits that call's window
+    recorder.events.clear()
+
+    def run() -> None:
+        for _ in range(200):
+            step(torch.ones(3))
+
+    threads = [threading.Thread(target=run) for _ in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=120)
+    torchmon.flush()
+    assert recorder.stat_data == [{"threads.sum": 2400.0, "threads.count": 800.0}]
+
+
+def test_values_a_store_left_in_the_staging_module_are_recorded_at_flush(
+    recorder: Any,
+) -> None:
+    from torchmon import _compiled
+
+    pytest.importorskip("torch._dynamo")  # installs the compile support
+    stat = torchmon.Stat("leftover", [torchmon.SUM], 60.0)
+    # What a dynamo that stored into the module's __dict__, past its
+    # __setattr__, would leave (docs/internals.md, "Tensors in compiled graphs").
+    vars(_compiled)["_staged"] = ((((stat._live_id, 1),), torch.tensor([2.5])),)
+    torchmon.flush()
+    assert vars(_compiled)["_staged"] is None
+    assert recorder.stat_data == [{"leftover.sum": 2.5}]
+
+
+@pytest.mark.parametrize("dynamic", [False, True], ids=["static shapes", "dynamic shapes"])
+def test_a_graph_staging_more_values_than_a_staging_buffer_records_each_in_order(
+    recorder: Any, read_mode: str, dynamic: bool, dynamo_counters: Any
+) -> None:
+    # More values than one staging buffer holds, a 1-d tensor longer than a
+    # buffer, and, with dynamic shapes, lengths the trace knows only as
+    # symbols (docs/internals.md, "Tensors in compiled graphs").
+    from torchmon import _compiled
+
+    aggregations = [torchmon.SUM, torchmon.COUNT, torchmon.VALUE, torchmon.MAX]
+    scalars, long, short = (
+        torchmon.Stat(name, aggregations, 3600.0) for name in ("scalars", "long", "short")
+    )
+    floats = {name: torchmon.Stat(f"f{name}", aggregations, 3600.0) for name in ("s", "l", "h")}
+    values_per_buffer = _compiled.BUFFER_SIZE
+
+    @functools.partial(torch.compile, backend="eager", fullgraph=True, dynamic=dynamic)
+    def step(x: Any) -> Any:
+        for index in range(values_per_buffer + 5):
+            scalars.add(x[index % x.shape[0]] * index)
+            if index == 3:
+                long.add_many(torch.cat([x, x, x]) + index)
+            if index == 7:
+                short.add_many(x[:3] - 1)
+        return x.sum()
+
+    for size in (2 * values_per_buffer, 2 * values_per_buffer + 3):
+        x = torch.arange(float(size)) / 4
+        step(x)
+        for index in range(values_per_buffer + 5):
+            floats["s"].add(float(x[index % size] * index))
+            if index == 3:
+                floats["l"].add_many((torch.cat([x, x, x]) + index).tolist())
+            if index == 7:
+                floats["h"].add_many((x[:3] - 1).tolist())
+    torchmon.flush()
+    events = {next(iter(data)).partition(".")[0]: data for data in recorder.stat_data}
+
+    def values(name: str) -> dict[str, object]:
+        return {key.partition(".")[2]: v for key, v in events[name].items()}
+
+    assert values("scalars") == values("fs")
+    assert values("long") == values("fl")
+    assert values("short") == values("fh")
+    assert values("long")["count"] == 3 * (4 * values_per_buffer + 3)
+    assert sum(dynamo_counters["graph_break"].values()) == 0
