@@ -15,7 +15,9 @@ Run:  python benches/bench_tensors.py [--steps 200] [--repeat 7] [--backend indu
    computed). Each way runs ``--repeat`` times ``--steps`` steps,
    interleaved; printed per way in microseconds per step: the median and the
    minimum, and the median of each repeat's ratio to the step recording
-   nothing in the same repeat.
+   nothing in the same repeat. ``--breakdown`` adds the torchmon step with
+   its recorder swapped for one that records nothing: the graph's and
+   dynamo's share of torchmon's cost.
 2. Eager, ns per call (minimum over ``--repeat`` runs): ``stat.add(t)`` of a
    CPU scalar tensor, ``stat.add(t.item())``, and ``math.fabs(1.5)``.
 """
@@ -35,8 +37,17 @@ import torch.monitor as torch_monitor
 from torch.func import functional_call, grad_and_value
 
 import torchmon
+from torchmon import _compiled
 
 VALUES_PER_STEP = 10
+
+
+def drop_staged(staged: Any) -> None:
+    """A recorder of ``torchmon._compiled`` that records nothing (dynamo
+    skips its frame, as it skips the real recorder's)."""
+
+
+torch._dynamo.decorators.skip(drop_staged)
 
 
 def compiled_steps(backend: str, hidden: int) -> dict[str, Any]:
@@ -91,6 +102,11 @@ def main() -> None:
     parser.add_argument("--backend", default="inductor")
     parser.add_argument("--hidden", type=int, default=128, help="the MLP's hidden width")
     parser.add_argument("--batch", type=int, default=32)
+    parser.add_argument(
+        "--breakdown",
+        action="store_true",
+        help="add the torchmon step with its recorder dropping what the graph staged",
+    )
     args = parser.parse_args()
     torch.manual_seed(0)
     torch.set_num_threads(1)
@@ -108,6 +124,17 @@ def main() -> None:
         for stat, value in zip(theirs, steps["values"](x, y)):
             stat.add(value.item())
 
+    def run_torchmon_unrecorded() -> None:
+        # What the graph, its staging-buffer output and dynamo's replayed
+        # store cost without the recording (docs/internals.md, "Tensors in
+        # compiled graphs"): the recorder swapped for one that drops them.
+        recorder = _compiled._recorder
+        _compiled._recorder = drop_staged
+        try:
+            steps["torchmon"](x, y)
+        finally:
+            _compiled._recorder = recorder
+
     def run_returning() -> None:
         steps["values"](x, y)
 
@@ -120,6 +147,8 @@ def main() -> None:
         "values returned, unread": run_returning,
         "nothing": run_nothing,
     }
+    if args.breakdown:
+        runs["torchmon, nothing recorded"] = run_torchmon_unrecorded
     for run in runs.values():  # compile and warm up
         for _ in range(3):
             run()
