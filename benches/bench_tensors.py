@@ -42,12 +42,12 @@ from torchmon import _compiled
 VALUES_PER_STEP = 10
 
 
-def drop_staged(staged: Any) -> None:
-    """A recorder of ``torchmon._compiled`` that records nothing (dynamo
-    skips its frame, as it skips the real recorder's)."""
+def drop_store(module: Any, name: str, value: Any) -> None:
+    """A ``__setattr__`` for ``torchmon._compiled``'s module class that drops
+    what a graph run staged (dynamo skips its frame)."""
 
 
-torch._dynamo.decorators.skip(drop_staged)
+torch._dynamo.decorators.skip(drop_store)
 
 
 def compiled_steps(backend: str, hidden: int) -> dict[str, Any]:
@@ -59,33 +59,46 @@ def compiled_steps(backend: str, hidden: int) -> dict[str, Any]:
         torchmon.Stat(f"v{i}", [torchmon.MEAN, torchmon.P90], 60.0) for i in range(VALUES_PER_STEP)
     ]
 
-    def loss_fn(p: Any, x: Any, y: Any) -> Any:
-        return torch.nn.functional.mse_loss(functional_call(model, p, (x,)), y)
+    # A learning-rate warmup on an in-graph step counter, as optimizers with
+    # `capturable=True` keep it.
+    step = torch.zeros((), dtype=torch.float32)
 
-    def core(x: Any, y: Any) -> list[Any]:
-        # What a training step computes anyway (the gradient norms clip the
-        # update), so that the step recording nothing computes them too;
-        # only the token count and the two means are extra.
-        grads, loss = grad_and_value(loss_fn)(params, x, y)
+    def loss_fn(p: Any, x: Any, y: Any, mask: Any) -> Any:
+        # The per-token loss of a batch with padding: summed over the tokens
+        # the mask keeps, divided by their count.
+        error = (functional_call(model, p, (x,)) - y).square().squeeze(-1)
+        tokens = mask.sum()
+        loss_sum = (error * mask).sum()
+        return loss_sum / tokens.clamp(min=1.0), (loss_sum, tokens)
+
+    def core(x: Any, y: Any, mask: Any) -> list[Any]:
+        # Every recorded value is one the step computes anyway, so that the
+        # step recording nothing computes it too: the loss, its sum and
+        # token count, the gradient norms that clip the update, the clip
+        # factor and the warmup's learning rate.
+        grads, (loss, (loss_sum, tokens)) = grad_and_value(loss_fn, has_aux=True)(
+            params, x, y, mask
+        )
         norms = [g.norm() for g in grads.values()]  # 4 tensors
         total_norm = torch.linalg.vector_norm(torch.stack(norms))
         clip = torch.clamp(1.0 / (total_norm + 1e-6), max=1.0)
+        step.add_(1.0)
+        lr = 1e-3 * torch.clamp(step / 100.0, max=1.0)
         for name, grad in grads.items():
-            params[name].sub_(1e-3 * clip * grad)
-        tokens = (x > 0).sum()
-        return [loss, total_norm, clip, *norms, tokens, x.abs().mean(), y.abs().mean()]
+            params[name].sub_(lr * clip * grad)
+        return [loss, loss_sum, tokens, total_norm, clip, *norms, lr]
 
-    def with_torchmon(x: Any, y: Any) -> Any:
-        values = core(x, y)
+    def with_torchmon(x: Any, y: Any, mask: Any) -> Any:
+        values = core(x, y, mask)
         for stat, value in zip(ours, values):
             stat.add(value)
         return values[0]
 
-    def returning_values(x: Any, y: Any) -> list[Any]:
-        return core(x, y)
+    def returning_values(x: Any, y: Any, mask: Any) -> list[Any]:
+        return core(x, y, mask)
 
-    def nothing(x: Any, y: Any) -> Any:
-        return core(x, y)[0]
+    def nothing(x: Any, y: Any, mask: Any) -> Any:
+        return core(x, y, mask)[0]
 
     return {
         "torchmon": torch.compile(with_torchmon, fullgraph=True, backend=backend),
@@ -111,6 +124,8 @@ def main() -> None:
     torch.manual_seed(0)
     torch.set_num_threads(1)
     x, y = torch.randn(args.batch, 64), torch.randn(args.batch, 1)
+    # About one token in ten is padding.
+    mask = (torch.rand(args.batch) > 0.1).to(torch.float32)
     steps = compiled_steps(args.backend, args.hidden)
     theirs = [
         torch_monitor.Stat(f"v{i}", [torch_monitor.Aggregation.MEAN], timedelta(seconds=60))
@@ -118,28 +133,30 @@ def main() -> None:
     ]
 
     def run_torchmon() -> None:
-        steps["torchmon"](x, y)
+        steps["torchmon"](x, y, mask)
 
     def run_item_torch_monitor() -> None:
-        for stat, value in zip(theirs, steps["values"](x, y)):
+        for stat, value in zip(theirs, steps["values"](x, y, mask)):
             stat.add(value.item())
+
+    staging_module = type(_compiled)
+    native_store = staging_module.__setattr__
 
     def run_torchmon_unrecorded() -> None:
         # What the graph, its staging-buffer output and dynamo's replayed
         # store cost without the recording (docs/internals.md, "Tensors in
-        # compiled graphs"): the recorder swapped for one that drops them.
-        recorder = _compiled._recorder
-        _compiled._recorder = drop_staged
+        # compiled graphs"): the store swapped for one that drops them.
+        staging_module.__setattr__ = drop_store
         try:
-            steps["torchmon"](x, y)
+            steps["torchmon"](x, y, mask)
         finally:
-            _compiled._recorder = recorder
+            staging_module.__setattr__ = native_store
 
     def run_returning() -> None:
-        steps["values"](x, y)
+        steps["values"](x, y, mask)
 
     def run_nothing() -> None:
-        steps["nothing"](x, y)
+        steps["nothing"](x, y, mask)
 
     runs = {
         "torchmon in the step": run_torchmon,

@@ -7,6 +7,7 @@
 mod py_aggregation;
 mod py_async;
 mod py_clock;
+mod py_compiled;
 mod py_convert;
 mod py_entry_points;
 mod py_event;
@@ -41,7 +42,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     };
     use crate::py_stat::{
         _flush_all_stats, _flush_stats_now, _install_tensor_support, _live_stat_count,
-        _record_cpu_tensors, _reset_stats_after_fork, _stat_add_by_id, _stat_window_now, Stat,
+        _reset_stats_after_fork, _stat_add_by_id, _stat_window_now, Stat,
     };
     crate::py_aggregation::add_to_module(m)?;
     m.add_class::<AsyncEventHandler>()?;
@@ -71,7 +72,12 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(_reset_stats_after_fork, m)?)?;
     m.add_function(wrap_pyfunction!(_install_tensor_support, m)?)?;
     m.add_function(wrap_pyfunction!(_stat_add_by_id, m)?)?;
-    m.add_function(wrap_pyfunction!(_record_cpu_tensors, m)?)?;
+    {
+        use crate::py_compiled as compiled;
+        m.add_function(wrap_pyfunction!(compiled::_record_cpu_tensors, m)?)?;
+        m.add_function(wrap_pyfunction!(compiled::_install_staging_store, m)?)?;
+        m.add_function(wrap_pyfunction!(compiled::_staging_store, m)?)?;
+    }
     m.add_function(wrap_pyfunction!(_stat_window_now, m)?)?;
     {
         use crate::py_torch_wait_counters as wc;

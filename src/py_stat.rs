@@ -83,6 +83,33 @@ pub(crate) fn dispatch_window_event(
 }
 
 impl StatShared {
+    /// Adds `values` at one clock reading, in order, as that many `add`
+    /// calls would; returns the windows this closed.
+    pub(crate) fn add_values_now(&self, values: &[f64]) -> Closed {
+        let now_ms = self.core.now_ms();
+        match values {
+            // The path of a float add (add_many_at locks); serialized by the
+            // GIL, as in `Stat::record`.
+            #[cfg(not(Py_GIL_DISABLED))]
+            [value] => self.core.add_at_serialized(*value, now_ms),
+            #[cfg(Py_GIL_DISABLED)]
+            [value] => self.core.add_at(*value, now_ms),
+            _ => self
+                .core
+                .add_many_at(values.len(), |index| values[index], now_ms),
+        }
+    }
+
+    /// Emits the windows an add closed, adding a handler's error to
+    /// `failures`.
+    pub(crate) fn emit_into(&self, py: Python<'_>, closed: &Closed, failures: &mut Failures) {
+        if !closed.is_empty()
+            && let Err(err) = self.emit(py, closed)
+        {
+            failures.add(py, err, self.name.bind(py).as_any());
+        }
+    }
+
     /// Dispatches one closed window as a `torch.monitor.Stat` event.
     fn emit_window(&self, py: Python<'_>, window: &WindowStats) -> PyResult<()> {
         let Some(handlers) = current_handlers(py) else {
@@ -609,6 +636,15 @@ pub fn _install_tensor_support(
     installed
 }
 
+/// The live Stats of `live_ids`, in order (None for one no longer alive),
+/// looked up under one lock.
+pub(crate) fn live_stats(live_ids: impl Iterator<Item = u64>) -> Vec<Option<Arc<StatShared>>> {
+    let live = LIVE.lock();
+    live_ids
+        .map(|live_id| live.get(&live_id).and_then(Weak::upgrade))
+        .collect()
+}
+
 fn live_stat(live_id: u64) -> Option<Arc<StatShared>> {
     LIVE.lock().get(&live_id).and_then(Weak::upgrade)
 }
@@ -657,75 +693,6 @@ pub fn _stat_add_by_id(
         }
     }
     failures.into_result().map(|()| true)
-}
-
-/// Records the CPU tensors of `staged`, what one run of a compiled graph
-/// staged (torchmon._compiled), as adds made now, in order: entries
-/// `(segments, tensor)`, where `segments` is `((live_id, length), ...)` and
-/// the tensor's first values go `length` by `length` to those Stats (values
-/// past the segments are the unused end of a staging buffer). Returns the entries whose tensors are on
-/// another device, for the deferred reads. One call per graph run, and one
-/// tensor read per staging buffer: each tensor attribute or method costs
-/// 0.1-0.3 us, the add of a value 0.02 (docs/performance.md, "Recording
-/// tensors").
-#[pyfunction]
-pub fn _record_cpu_tensors<'py>(
-    py: Python<'py>,
-    staged: &Bound<'py, PyTuple>,
-) -> PyResult<Vec<Bound<'py, PyAny>>> {
-    let mut elsewhere = Vec::new();
-    let mut failures = Failures::default();
-    for entry in staged.iter() {
-        let entry_items = entry.cast::<PyTuple>()?;
-        let (segments, tensor) = (entry_items.get_item(0)?, entry_items.get_item(1)?);
-        let segments = segments.cast::<PyTuple>()?;
-        if !tensor.getattr(pyo3::intern!(py, "is_cpu"))?.is_truthy()? {
-            elsewhere.push(entry);
-            continue;
-        }
-        // A 0-d tensor's tolist() is a number, a 1-d one's a list: one call
-        // reads either (bool and integer values convert as float() does).
-        let values = tensor.call_method0(pyo3::intern!(py, "tolist"))?;
-        let numbers = match values.cast::<PyList>() {
-            Ok(list) => list
-                .iter()
-                .map(|value| value.extract::<f64>())
-                .collect::<PyResult<Vec<f64>>>()?,
-            Err(_) => vec![values.extract::<f64>()?],
-        };
-        let mut start = 0;
-        for segment in segments.iter() {
-            // Tuples the trace built: read as tuples, not as sequences.
-            let segment = segment.cast::<PyTuple>()?;
-            let live_id: u64 = segment.get_item(0)?.extract()?;
-            let length: usize = segment.get_item(1)?.extract()?;
-            let end = start + length;
-            let Some(values) = numbers.get(start..end) else {
-                return Err(PyValueError::new_err(format!(
-                    "_record_cpu_tensors: segments past the {} staged values",
-                    numbers.len()
-                )));
-            };
-            start = end;
-            let Some(stat) = live_stat(live_id) else {
-                continue;
-            };
-            let now_ms = stat.core.now_ms();
-            let closed = match values {
-                // The lock-free path of a float add (add_many_at locks).
-                [value] => stat.core.add_at(*value, now_ms),
-                _ => stat
-                    .core
-                    .add_many_at(values.len(), |index| values[index], now_ms),
-            };
-            if !closed.is_empty()
-                && let Err(err) = stat.emit(py, &closed)
-            {
-                failures.add(py, err, stat.name.bind(py).as_any());
-            }
-        }
-    }
-    failures.into_result().map(|()| elsewhere)
 }
 
 /// The clock reading the Stat `live_id` measures its windows on now, and the

@@ -12,12 +12,13 @@ of the graph, say which Stat gets how many of its values. Dynamo does not run
 that Python at run time; it keeps the entries' tensors as graph outputs and,
 after the graph, replays the final rebinding once, as
 ``torchmon._compiled._staged = (...)`` (a module attribute store, since
-``stage`` is not in the compiled frame's module). The module's class turns
-that store into a call of the recorder and leaves ``_staged`` None, the value
-the next trace reads (and dynamo guards on). So a step pays for its values
-with one graph output, one tensor read and one Python call, not a dispatcher
-call into a Python kernel per value (docs/performance.md, "Recording
-tensors").
+``stage`` is not in the compiled frame's module). The module's class has a
+native ``__setattr__`` (``_core._staging_store``, installed with the compile
+support) that records the entries and leaves ``_staged`` None, the value the
+next trace reads (and dynamo guards on). So a step pays for its values with
+one graph output, one tensor read and one native call, with no Python frame
+and no dispatcher call into a Python kernel per value (docs/performance.md,
+"Recording tensors").
 """
 
 from __future__ import annotations
@@ -39,9 +40,6 @@ if TYPE_CHECKING:  # typing is not imported by `import torchmon`
 #: costs about 10 ns a value, used or not, and a recorded value 50.
 BUFFER_SIZE = 16
 
-# What the values staged by a graph run go to: `_tensors.record_staged`, set
-# when torch._dynamo is imported (`_tensors._install_compile`).
-_recorder: Callable[[Staged], None] | None = None
 # (buffer or None, values, start) -> the buffer with `values` written from
 # `start` (a new one of BUFFER_SIZE zeros for None): set with _recorder,
 # since this module does not import torch.
@@ -84,15 +82,8 @@ def take_leftovers() -> Staged | None:
 
 
 class _StagingModule(ModuleType):
-    def __setattr__(self, name: str, value: Any) -> None:
-        if name != "_staged" or value is None:
-            super().__setattr__(name, value)
-            return
-        # The replayed store of a graph run: recorded, never kept (the next
-        # trace must read None, and so must the guards of compiled graphs).
-        recorder = _recorder
-        if recorder is not None:
-            recorder(value)
+    """This module's class: ``_tensors._install_compile`` sets its
+    ``__setattr__`` to ``_core._staging_store``."""
 
 
 sys.modules[__name__].__class__ = _StagingModule

@@ -42,12 +42,14 @@ __all__ = [
     "_flush_all_stats",
     "_flush_stats_now",
     "_handler_count",
+    "_install_staging_store",
     "_install_tensor_support",
     "_live_stat_count",
     "_record_cpu_tensors",
     "_reset_stats_after_fork",
     "_restart_async_handlers_after_fork",
     "_set_clock_ms",
+    "_staging_store",
     "_stat_add_by_id",
     "_stat_window_now",
     "_torch_wait_counter_names",
@@ -230,6 +232,14 @@ def _stat_window_now(live_id: int) -> tuple[int, int] | None: ...
 def _record_cpu_tensors(
     staged: tuple[tuple[tuple[tuple[int, int], ...], Any], ...],
 ) -> list[tuple[tuple[tuple[int, int], ...], Any]]: ...
+def _install_staging_store(
+    module: Any,
+    generic_setattr: Any,
+    set_eval_frame: Any,
+    record_in_python: Any,
+    tensors_globals: dict[str, Any],
+) -> bool: ...
+def _staging_store(name: str, value: Any) -> None: ...
 def _handler_count() -> int: ...
 def _set_clock_ms(ms: int | None) -> int | None: ...
 def _clock_ms() -> int: ...

@@ -222,11 +222,12 @@ def _install_compile(torch: ModuleType) -> None:
     _compile_support_installed = True
     # The replayed store runs inside the compiled call, where dynamo's frame
     # hook is still set: without this, dynamo would try to compile every
-    # Python frame the recording runs (ours, and the event handlers of the
-    # windows it closes) and count graph breaks in them. The store's own
-    # frame is skipped (checked in C per frame, with no wrapper); below it
-    # the hook is off, as torch._dynamo.disable turns it off, for two C calls
-    # instead of disable's wrapper.
+    # Python frame the recording runs (the event handlers of the windows it
+    # closes, and the deferred reads here) and count graph breaks in them.
+    # The native store turns the hook off around handlers; what it hands to
+    # Python runs below a skipped frame (checked in C per frame, with no
+    # wrapper) with the hook off, as torch._dynamo.disable turns it off, for
+    # two C calls instead of disable's wrapper.
     from torch._C._dynamo.eval_frame import set_eval_frame
     from torch._dynamo.decorators import skip as skip_frames_of
 
@@ -237,9 +238,14 @@ def _install_compile(torch: ModuleType) -> None:
         finally:
             set_eval_frame(prior)
 
-    skip_frames_of(_compiled._StagingModule.__setattr__)
     skip_frames_of(record_staged_outside_dynamo)
-    _compiled._recorder = record_staged_outside_dynamo
+    _core._install_staging_store(
+        _compiled, ModuleType.__setattr__, set_eval_frame, record_staged_outside_dynamo, globals()
+    )
+    # A builtin found on the type is called with (name, value): no Python
+    # frame runs for the replayed store (docs/internals.md, "Tensors in
+    # compiled graphs").
+    _compiled._StagingModule.__setattr__ = _core._staging_store  # type: ignore[assignment]
     stage = _compiled.stage
     is_compiling = torch.compiler.is_compiling
     original_add = _core.Stat.add

@@ -403,6 +403,76 @@ def test_values_a_store_left_in_the_staging_module_are_recorded_at_flush(
     assert recorder.stat_data == [{"leftover.sum": 2.5}]
 
 
+def test_other_stores_into_the_staging_module_are_ordinary() -> None:
+    from torchmon import _compiled
+
+    pytest.importorskip("torch._dynamo")  # installs the native store
+    # The module's __setattr__ is native and records only `_staged` tuples
+    # (docs/internals.md, "Tensors in compiled graphs").
+    _compiled.some_setting = 3  # type: ignore[attr-defined]
+    try:
+        assert _compiled.some_setting == 3  # type: ignore[attr-defined]
+        _compiled._staged = None
+        assert vars(_compiled)["_staged"] is None
+    finally:
+        del _compiled.some_setting  # type: ignore[attr-defined]
+    assert not hasattr(_compiled, "some_setting")
+
+
+def test_a_compiled_step_records_into_the_stat_that_replaced_a_dead_one(
+    recorder: Any, dynamo_counters: Any
+) -> None:
+    import gc
+
+    stats = [torchmon.Stat("first", [torchmon.SUM], 60.0)]
+
+    @_compile
+    def step(x: Any) -> Any:
+        stats[0].add(x.sum())
+        return x
+
+    step(torch.ones(2))
+    torchmon.flush()
+    assert recorder.stat_data == [{"first.sum": 2.0}]
+    recorder.events.clear()
+    # The graph keeps no Stat alive: the dead one is gone, and its
+    # successor (another _live_id, so another graph) records.
+    stats[0] = torchmon.Stat("second", [torchmon.SUM], 60.0)
+    gc.collect()
+    step(torch.ones(3))
+    step(torch.ones(3))
+    torchmon.flush()
+    assert recorder.stat_data == [{"second.sum": 6.0}]
+    assert dynamo_counters["stats"]["unique_graphs"] == 2
+
+
+def test_a_handler_error_in_a_window_a_compiled_step_closes_reaches_the_step(
+    dynamo_counters: Any,
+) -> None:
+    def failing(event: torchmon.Event) -> None:
+        raise RuntimeError(f"handler failed on {event.name}")
+
+    stat = torchmon.Stat("closing", [torchmon.SUM], 1.0)
+
+    @_compile
+    def step(x: Any) -> Any:
+        stat.add(x.sum())
+        return x
+
+    handle = torchmon.register_event_handler(failing)
+    try:
+        with ManualClock() as clock:
+            step(torch.ones(2))
+            clock.advance(1000)
+            # The add of the next window closes the first one: its handler's
+            # error is raised by the step, as by an eager add.
+            with pytest.raises(RuntimeError, match=r"handler failed on torch\.monitor\.Stat"):
+                step(torch.ones(2))
+    finally:
+        torchmon.unregister_event_handler(handle)
+    assert dynamo_counters["frames"]["total"] == 1
+
+
 @pytest.mark.parametrize("dynamic", [False, True], ids=["static shapes", "dynamic shapes"])
 def test_a_graph_staging_more_values_than_a_staging_buffer_records_each_in_order(
     recorder: Any, read_mode: str, dynamic: bool, dynamo_counters: Any

@@ -1,0 +1,288 @@
+//! Where the values a `torch.compile` graph staged go (torchmon._compiled):
+//! the module attribute store that dynamo replays after each graph run, and
+//! the recording of its CPU tensors (docs/internals.md, "Tensors in compiled
+//! graphs").
+//!
+//! The store is the class `__setattr__` of `torchmon._compiled`'s module, a
+//! builtin: CPython calls a builtin found on the type with `(name, value)`
+//! (it binds no `self`), and no Python frame runs, so dynamo's frame hook,
+//! still set while the compiled frame replays its stores, has nothing to
+//! compile until a handler is called, and handlers are called with the hook
+//! off.
+
+use parking_lot::Mutex;
+use pyo3::exceptions::{PyRuntimeError, PyValueError};
+use pyo3::prelude::*;
+use pyo3::sync::PyOnceLock;
+use pyo3::types::{PyDict, PyList, PyString, PyTuple};
+use std::ops::Range;
+use std::sync::{Arc, Weak};
+
+use crate::py_registry::Failures;
+use crate::py_stat::{StatShared, live_stats};
+
+/// What the store needs from torch and torchmon's Python side, set once
+/// the compile support is installed (torchmon._tensors).
+struct StagingStore {
+    /// torchmon._compiled, whose other attributes are stored as usual.
+    module: Py<PyAny>,
+    /// `types.ModuleType.__setattr__`.
+    generic_setattr: Py<PyAny>,
+    /// `torch._C._dynamo.eval_frame.set_eval_frame`.
+    set_eval_frame: Py<PyAny>,
+    /// `_tensors.record_staged_outside_dynamo`: entries whose tensors are on
+    /// another device, and every entry while CPU tensors are not read at the
+    /// call.
+    record_in_python: Py<PyAny>,
+    /// torchmon._tensors' globals, for `_read_cpu_at_call`.
+    tensors_globals: Py<PyDict>,
+    staged_name: Py<PyString>,
+    read_cpu_at_call_name: Py<PyString>,
+}
+
+static STORE: PyOnceLock<StagingStore> = PyOnceLock::new();
+
+/// Called once by torchmon._tensors when torch._dynamo is imported, before it
+/// makes `_staging_store` the module's `__setattr__`. Later calls change
+/// nothing; returns whether this one installed.
+#[pyfunction]
+pub fn _install_staging_store(
+    py: Python<'_>,
+    module: Py<PyAny>,
+    generic_setattr: Py<PyAny>,
+    set_eval_frame: Py<PyAny>,
+    record_in_python: Py<PyAny>,
+    tensors_globals: Py<PyDict>,
+) -> bool {
+    let mut installed = false;
+    STORE.get_or_init(py, || {
+        installed = true;
+        StagingStore {
+            module,
+            generic_setattr,
+            set_eval_frame,
+            record_in_python,
+            tensors_globals,
+            staged_name: PyString::intern(py, "_staged").unbind(),
+            read_cpu_at_call_name: PyString::intern(py, "_read_cpu_at_call").unbind(),
+        }
+    });
+    installed
+}
+
+/// `setattr(torchmon._compiled, name, value)`: the replayed store of a graph
+/// run (`_staged` set to its entries) records them, in call order, as eager
+/// adds made now, and leaves `_staged` None, the value the next trace reads
+/// and compiled graphs guard on; any other store is an ordinary one.
+#[pyfunction]
+pub fn _staging_store(
+    py: Python<'_>,
+    name: &Bound<'_, PyAny>,
+    value: &Bound<'_, PyAny>,
+) -> PyResult<()> {
+    let Some(store) = STORE.get(py) else {
+        return Err(PyRuntimeError::new_err(
+            "torchmon._compiled: the staging store is not installed",
+        ));
+    };
+    let staged_name = store.staged_name.bind(py);
+    // The replayed store names the attribute with the code's interned string.
+    let is_staged = name.is(staged_name) || name.eq(staged_name)?;
+    let staged = match value.cast::<PyTuple>() {
+        Ok(staged) if is_staged => staged,
+        _ => {
+            let args = (store.module.bind(py), name, value);
+            store.generic_setattr.bind(py).call1(args)?;
+            return Ok(());
+        }
+    };
+    let read_cpu_at_call = match store
+        .tensors_globals
+        .bind(py)
+        .get_item(store.read_cpu_at_call_name.bind(py))?
+    {
+        Some(flag) => flag.is_truthy()?,
+        None => true,
+    };
+    if !read_cpu_at_call {
+        store.record_in_python.bind(py).call1((staged,))?;
+        return Ok(());
+    }
+    let elsewhere = record_cpu_entries(py, staged, Some(store.set_eval_frame.bind(py)))?;
+    if !elsewhere.is_empty() {
+        let entries = PyTuple::new(py, elsewhere)?;
+        store.record_in_python.bind(py).call1((entries,))?;
+    }
+    Ok(())
+}
+
+/// Records the CPU tensors of `staged`, what one run of a compiled graph
+/// staged (torchmon._compiled), as adds made now, in order: entries
+/// `(segments, tensor)`, where `segments` is `((live_id, length), ...)` and
+/// the tensor's first values go `length` by `length` to those Stats (values
+/// past the segments are the unused end of a staging buffer). Returns the
+/// entries whose tensors are on another device, for the deferred reads.
+/// torchmon._tensors calls it for what a store left in the module.
+#[pyfunction]
+pub fn _record_cpu_tensors<'py>(
+    py: Python<'py>,
+    staged: &Bound<'py, PyTuple>,
+) -> PyResult<Vec<Bound<'py, PyAny>>> {
+    record_cpu_entries(py, staged, None)
+}
+
+/// The Stats and lengths of a graph's `segments` tuple, parsed once: the
+/// tuple is a constant of the replayed code, the same object at every run.
+/// Weak: a graph does not keep its Stats alive, and a Stat's `live_id` is
+/// never reused, so a Stat that died stays dead.
+struct ParsedSegments {
+    /// Kept alive, so that its address is not reused by another tuple.
+    segments: Py<PyTuple>,
+    stats: Vec<(Weak<StatShared>, usize)>,
+}
+
+/// How many graphs' segments stay parsed; a program that runs more
+/// parses again (a tuple's parse is ~30 ns a segment, its lookup 1-2 ns).
+const PARSED_SEGMENTS_KEPT: usize = 64;
+
+/// Touched only while attached to Python and with no Python code run under
+/// the lock (an evicted tuple is dropped after it), so it is never
+/// contended on GIL builds and never held across a fork.
+static PARSED_SEGMENTS: Mutex<Vec<ParsedSegments>> = Mutex::new(Vec::new());
+
+/// The Stats (None for one no longer alive) and lengths of `segments`.
+fn stats_of_segments(
+    segments: &Bound<'_, PyTuple>,
+) -> PyResult<Vec<(Option<Arc<StatShared>>, usize)>> {
+    let upgrade = |parsed: &ParsedSegments| {
+        parsed
+            .stats
+            .iter()
+            .map(|(stat, length)| (stat.upgrade(), *length))
+            .collect::<Vec<_>>()
+    };
+    if let Some(parsed) = PARSED_SEGMENTS
+        .lock()
+        .iter()
+        .find(|parsed| parsed.segments.as_ptr() == segments.as_ptr())
+    {
+        return Ok(upgrade(parsed));
+    }
+    let mut ids_and_lengths = Vec::with_capacity(segments.len());
+    for segment in segments.iter() {
+        // Tuples the trace built: read as tuples, not as sequences.
+        let segment = segment.cast::<PyTuple>()?;
+        let live_id: u64 = segment.get_item(0)?.extract()?;
+        let length: usize = segment.get_item(1)?.extract()?;
+        ids_and_lengths.push((live_id, length));
+    }
+    let stats = live_stats(ids_and_lengths.iter().map(|(live_id, _)| *live_id));
+    let parsed = ParsedSegments {
+        segments: segments.clone().unbind(),
+        stats: stats
+            .iter()
+            .zip(&ids_and_lengths)
+            .map(|(stat, (_, length))| {
+                (
+                    stat.as_ref().map_or_else(Weak::new, Arc::downgrade),
+                    *length,
+                )
+            })
+            .collect(),
+    };
+    let evicted = {
+        let mut kept = PARSED_SEGMENTS.lock();
+        let evicted = (kept.len() >= PARSED_SEGMENTS_KEPT).then(|| kept.remove(0));
+        kept.push(parsed);
+        evicted
+    };
+    drop(evicted);
+    Ok(stats
+        .into_iter()
+        .zip(ids_and_lengths)
+        .map(|(stat, (_, length))| (stat, length))
+        .collect())
+}
+
+/// `_record_cpu_tensors`; with `set_eval_frame`, handlers of the windows
+/// the adds close run with dynamo's frame hook off. Every entry is read and
+/// checked before the first add: a tensor attribute or method costs
+/// 0.05-0.4 us, the add of a value 0.02 (docs/performance.md, "Recording
+/// tensors").
+fn record_cpu_entries<'py>(
+    py: Python<'py>,
+    staged: &Bound<'py, PyTuple>,
+    set_eval_frame: Option<&Bound<'py, PyAny>>,
+) -> PyResult<Vec<Bound<'py, PyAny>>> {
+    let mut elsewhere = Vec::new();
+    let mut values: Vec<f64> = Vec::new();
+    let mut adds: Vec<(Option<Arc<StatShared>>, Range<usize>)> = Vec::new();
+    for entry in staged.iter() {
+        let entry_items = entry.cast::<PyTuple>()?;
+        let (entry_segments, tensor) = (entry_items.get_item(0)?, entry_items.get_item(1)?);
+        let entry_segments = entry_segments.cast::<PyTuple>()?;
+        if !tensor.getattr(pyo3::intern!(py, "is_cpu"))?.is_truthy()? {
+            elsewhere.push(entry);
+            continue;
+        }
+        let first = values.len();
+        // A 0-d tensor's tolist() is a number, a 1-d one's a list: one call
+        // reads either (bool and integer values convert as float() does).
+        let read = tensor.call_method0(pyo3::intern!(py, "tolist"))?;
+        match read.cast::<PyList>() {
+            Ok(list) => {
+                values.reserve(list.len());
+                for value in list.iter() {
+                    values.push(value.extract::<f64>()?);
+                }
+            }
+            Err(_) => values.push(read.extract::<f64>()?),
+        }
+        let mut start = first;
+        for (stat, length) in stats_of_segments(entry_segments)? {
+            let end = start + length;
+            if end > values.len() {
+                return Err(PyValueError::new_err(format!(
+                    "_record_cpu_tensors: segments past the {} staged values",
+                    values.len() - first
+                )));
+            }
+            adds.push((stat, start..end));
+            start = end;
+        }
+    }
+    let mut failures = Failures::default();
+    // A Stat that no longer lives records nothing.
+    for (stat, range) in adds {
+        let Some(stat) = stat else {
+            continue;
+        };
+        let closed = stat.add_values_now(&values[range]);
+        if closed.is_empty() {
+            continue;
+        }
+        match set_eval_frame {
+            None => stat.emit_into(py, &closed, &mut failures),
+            Some(set_eval_frame) => {
+                emit_with_frame_hook_off(py, set_eval_frame, &stat, &closed, &mut failures)?
+            }
+        }
+    }
+    failures.into_result().map(|()| elsewhere)
+}
+
+/// Emits with dynamo's frame hook off, as `torch._dynamo.disable` turns it
+/// off: otherwise dynamo would try to compile every Python frame a handler
+/// runs, and count graph breaks in them.
+fn emit_with_frame_hook_off(
+    py: Python<'_>,
+    set_eval_frame: &Bound<'_, PyAny>,
+    stat: &Arc<StatShared>,
+    closed: &torchmon_core::stat::Closed,
+    failures: &mut Failures,
+) -> PyResult<()> {
+    let prior = set_eval_frame.call1((py.None(),))?;
+    stat.emit_into(py, closed, failures);
+    set_eval_frame.call1((prior,))?;
+    Ok(())
+}
