@@ -193,12 +193,10 @@ def record_staged(staged: Staged) -> None:
     # Copied, in one kernel, before being kept: a graph replayed as a CUDA
     # graph overwrites its outputs at the next run.
     torch = _torch
-    copied = torch.cat(
-        [values[: sum(length for _, length in segments)] for segments, values in deferred]
-    )
+    copied = torch.cat([entry[1][: sum(length for _, length in entry[0])] for entry in deferred])
     start = 0
-    for segments, _ in deferred:
-        for live_id, length in segments:
+    for entry in deferred:
+        for live_id, length in entry[0]:
             _record(live_id, copied[start : start + length])
             start += length
 
