@@ -30,7 +30,7 @@ import statistics
 import time
 import timeit
 from datetime import timedelta
-from typing import Any
+from typing import Any, Callable
 
 import torch
 import torch.monitor as torch_monitor
@@ -48,6 +48,10 @@ def drop_store(module: Any, name: str, value: Any) -> None:
 
 
 torch._dynamo.decorators.skip(drop_store)
+
+
+def _nothing_to_do() -> None:
+    pass
 
 
 def compiled_steps(backend: str, hidden: int) -> dict[str, Any]:
@@ -142,15 +146,15 @@ def main() -> None:
     staging_module = type(_compiled)
     native_store = staging_module.__setattr__
 
-    def run_torchmon_unrecorded() -> None:
-        # What the graph, its staging-buffer output and dynamo's replayed
-        # store cost without the recording (docs/internals.md, "Tensors in
-        # compiled graphs"): the store swapped for one that drops them.
+    # What the graph, its staging-buffer output and dynamo's replayed store
+    # cost without the recording (docs/internals.md, "Tensors in compiled
+    # graphs"): the store swapped, around a repeat's timed steps, for one
+    # that drops what it is given.
+    def drop_stores() -> None:
         staging_module.__setattr__ = drop_store
-        try:
-            steps["torchmon"](x, y, mask)
-        finally:
-            staging_module.__setattr__ = native_store
+
+    def record_stores() -> None:
+        staging_module.__setattr__ = native_store
 
     def run_returning() -> None:
         steps["values"](x, y, mask)
@@ -164,11 +168,17 @@ def main() -> None:
         "values returned, unread": run_returning,
         "nothing": run_nothing,
     }
+    # Run before and after a way's timed steps.
+    around: dict[str, tuple[Callable[[], None], Callable[[], None]]] = {}
     if args.breakdown:
-        runs["torchmon, nothing recorded"] = run_torchmon_unrecorded
-    for run in runs.values():  # compile and warm up
+        runs["torchmon, nothing recorded"] = run_torchmon
+        around["torchmon, nothing recorded"] = (drop_stores, record_stores)
+    for name, run in runs.items():  # compile and warm up
+        before, after = around.get(name, (_nothing_to_do, _nothing_to_do))
+        before()
         for _ in range(3):
             run()
+        after()
     times: dict[str, list[float]] = {name: [] for name in runs}
     order = list(runs.items())
     for repeat in range(args.repeat):
@@ -176,23 +186,28 @@ def main() -> None:
         # and rotated, so that none always runs first.
         shift = repeat % len(order)
         for name, run in order[shift:] + order[:shift]:
+            before, after = around.get(name, (_nothing_to_do, _nothing_to_do))
+            before()
             start = time.perf_counter()
             for _ in range(args.steps):
                 run()
             times[name].append((time.perf_counter() - start) / args.steps * 1e6)
+            after()
     baseline = statistics.median(times["nothing"])
     print(
         f"compiled step ({args.backend}, MLP 64-{args.hidden}-1, batch {args.batch}, "
         f"{VALUES_PER_STEP} values recorded), {args.repeat} x {args.steps} steps "
-        "(the paired ratio: the median of each repeat's ratio to its 'nothing'):"
+        "(the paired ratio: the median of each repeat's ratio to its 'nothing', "
+        "with its quartiles over the repeats):"
     )
-    print(f"  {'':26s} {'median':>9s} {'min':>9s}  {'paired ratio':>12s}")
+    print(f"  {'':26s} {'median':>9s} {'min':>9s}  {'paired ratio [q1, q3]':>22s}")
     for name, values in times.items():
         median = statistics.median(values)
-        paired = statistics.median(v / n for v, n in zip(values, times["nothing"]))
+        ratios = [v / n for v, n in zip(values, times["nothing"])]
+        q1, paired, q3 = statistics.quantiles(ratios, n=4)
         print(
-            f"  {name:26s} {median:9.1f} {min(values):9.1f}  {paired:12.3f}  us/step"
-            f"   ({median / baseline:.3f} x nothing's median)"
+            f"  {name:26s} {median:9.1f} {min(values):9.1f}  {paired:6.3f} [{q1:.3f}, {q3:.3f}]"
+            f"  us/step   ({median / baseline:.3f} x nothing's median)"
         )
 
     stat = torchmon.Stat("eager", [torchmon.MEAN, torchmon.P90], 3600.0)
