@@ -198,16 +198,18 @@ def main() -> None:
         f"compiled step ({args.backend}, MLP 64-{args.hidden}-1, batch {args.batch}, "
         f"{VALUES_PER_STEP} values recorded), {args.repeat} x {args.steps} steps "
         "(the paired ratio: the median of each repeat's ratio to its 'nothing', "
-        "with its quartiles over the repeats):"
+        "with its quartiles over the repeats and the median's ~95 % interval):"
     )
     print(f"  {'':26s} {'median':>9s} {'min':>9s}  {'paired ratio [q1, q3]':>22s}")
     for name, values in times.items():
         median = statistics.median(values)
         ratios = [v / n for v, n in zip(values, times["nothing"])]
         q1, paired, q3 = statistics.quantiles(ratios, n=4)
+        # The median's ~95 % interval (a box plot's notch, 1.58 IQR / sqrt(n)).
+        notch = 1.58 * (q3 - q1) / math.sqrt(len(ratios))
         print(
             f"  {name:26s} {median:9.1f} {min(values):9.1f}  {paired:6.3f} [{q1:.3f}, {q3:.3f}]"
-            f"  us/step   ({median / baseline:.3f} x nothing's median)"
+            f" +-{notch:.3f}  us/step   ({median / baseline:.3f} x nothing's median)"
         )
 
     stat = torchmon.Stat("eager", [torchmon.MEAN, torchmon.P90], 3600.0)
