@@ -118,10 +118,11 @@ pub fn _staging_store(
 
 /// Records the CPU tensors of `staged`, what one run of a compiled graph
 /// staged (torchmon._compiled), as adds made now, in order: entries
-/// `(segments, tensor, on_cpu)` (or `(segments, tensor)`, checked), where `segments` is `((live_id, length), ...)` and
-/// the tensor's first values go `length` by `length` to those Stats (values
-/// past the segments are the unused end of a staging buffer). Returns the
-/// entries whose tensors are on another device, for the deferred reads.
+/// `(segments, tensor, on_cpu)` (or `(segments, tensor)`, whose device is
+/// then read), where `segments` is `((live_id, length), ...)` and the
+/// tensor's first values go `length` by `length` to those Stats (values past
+/// the segments are the unused end of a staging buffer). Returns the entries
+/// whose tensors are on another device, for the deferred reads.
 /// torchmon._tensors calls it for what a store left in the module.
 #[pyfunction]
 pub fn _record_cpu_tensors<'py>(

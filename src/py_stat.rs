@@ -666,13 +666,7 @@ pub fn _stat_add_by_id(
         return Ok(false);
     };
     let mut failures = Failures::default();
-    let mut emit = |closed: Closed| {
-        if !closed.is_empty()
-            && let Err(err) = stat.emit(py, &closed)
-        {
-            failures.add(py, err, stat.name.bind(py).as_any());
-        }
-    };
+    let mut emit = |closed: Closed| stat.emit_into(py, &closed, &mut failures);
     match times_ms {
         None => emit(stat.core.add_many_at(
             values.len(),

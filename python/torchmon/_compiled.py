@@ -8,7 +8,7 @@ this module's global ``_staged`` to a tuple of entries ``(segments, tensor,
 on_cpu)``.
 A value of a size the trace knows is written, as float64, into the last
 entry's staging buffer of ``BUFFER_SIZE`` values (``torch.slice_scatter``, which
-inductor fuses into the kernel that computes it), and ``segments``, constants
+inductor fuses into a kernel the step already runs), and ``segments``, constants
 of the graph, say which Stat gets how many of its values. Dynamo does not run
 that Python at run time; it keeps the entries' tensors as graph outputs and,
 after the graph, replays the final rebinding once, as
@@ -31,12 +31,11 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:  # typing is not imported by `import torchmon`
     from typing import Any, Callable
 
-    # ((live_id, length), ...): the tensor's first values, `length` to each
-    # Stat, in order.
-    Segments = tuple[tuple[int, int], ...]
-    # Entries (segments, tensor, whether the tensor is on the CPU): the flag is a
-    # constant of the trace, which saves the recording a tensor attribute
-    # read (0.25 us right after a graph); an entry without it is checked.
+    # Entries (segments, tensor, whether the tensor is on the CPU), segments
+    # being ((live_id, length), ...): the tensor's first values, `length` to
+    # each Stat, in order. The flag is a constant of the trace, which saves
+    # the recording a tensor attribute read (0.25 us right after a graph);
+    # an entry without it is checked.
     Staged = tuple[tuple[Any, ...], ...]
 
 #: The values a staging buffer holds: a graph staging more has more buffers;
@@ -45,8 +44,8 @@ if TYPE_CHECKING:  # typing is not imported by `import torchmon`
 BUFFER_SIZE = 16
 
 # (buffer or None, values, start) -> the buffer with `values` written from
-# `start` (a new one of BUFFER_SIZE zeros for None): set with _recorder,
-# since this module does not import torch.
+# `start` (a new one of BUFFER_SIZE zeros for None): set by `_tensors` with
+# the compile support, since this module does not import torch.
 _write: Callable[[Any, Any, int], Any] | None = None
 # Read by every traced `stage` call; always None outside a trace.
 _staged: Staged | None = None
