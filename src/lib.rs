@@ -42,7 +42,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     };
     use crate::py_stat::{
         _flush_all_stats, _flush_stats_now, _install_tensor_support, _live_stat_count,
-        _reset_stats_after_fork, _stat_add_by_id, _stat_window_now, Stat,
+        _prepare_fork, _reset_stats_after_fork, _stat_add_by_id, _stat_window_now, Stat,
     };
     crate::py_aggregation::add_to_module(m)?;
     m.add_class::<AsyncEventHandler>()?;
@@ -69,6 +69,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(_flush_all_stats, m)?)?;
     m.add_function(wrap_pyfunction!(_live_stat_count, m)?)?;
     m.add_function(wrap_pyfunction!(_flush_stats_now, m)?)?;
+    m.add_function(wrap_pyfunction!(_prepare_fork, m)?)?;
     m.add_function(wrap_pyfunction!(_reset_stats_after_fork, m)?)?;
     m.add_function(wrap_pyfunction!(_install_tensor_support, m)?)?;
     m.add_function(wrap_pyfunction!(_stat_add_by_id, m)?)?;
@@ -103,6 +104,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     crate::py_event::mapping_abc(py)?;
     crate::py_registry::init_lazy(py);
     crate::py_stat::init_lazy(py);
+    crate::py_torch_wait_counters::init_fork_reset();
     crate::py_entry_points::install(m)?;
     Ok(())
 }

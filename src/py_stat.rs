@@ -151,16 +151,40 @@ impl StatShared {
     }
 }
 
-/// The `torchmon.Distribution` of a window (its `_from_core`, imported on
-/// first use: `import torchmon` does not load the module).
-fn distribution_object(py: Python<'_>, d: &Distribution) -> PyResult<Py<PyAny>> {
+/// `torchmon.Distribution._from_core`. The module is imported on first use
+/// (`import torchmon` does not load it) and outside the cell: a cell filled
+/// by a call that releases the GIL (an import does) stays "being filled" for
+/// ever in a child forked meanwhile, and the child's first window hung on it.
+/// The import itself is completed before every fork (`_prepare_fork`).
+fn distribution_from_core(py: Python<'_>) -> PyResult<&Py<PyAny>> {
     static FROM_CORE: PyOnceLock<Py<PyAny>> = PyOnceLock::new();
-    let from_core = FROM_CORE.get_or_try_init(py, || {
-        py.import("torchmon._distribution")?
-            .getattr("Distribution")?
-            .getattr("_from_core")
-            .map(Bound::unbind)
-    })?;
+    if let Some(from_core) = FROM_CORE.get(py) {
+        return Ok(from_core);
+    }
+    let from_core = py
+        .import("torchmon._distribution")?
+        .getattr("Distribution")?
+        .getattr("_from_core")?
+        .unbind();
+    // Another thread may have filled it meanwhile: either value will do.
+    let _ = FROM_CORE.set(py, from_core);
+    FROM_CORE
+        .get(py)
+        .ok_or_else(|| pyo3::exceptions::PyRuntimeError::new_err("torchmon: Distribution unset"))
+}
+
+/// Before a fork, on the forking thread: completes what a window dispatch
+/// would otherwise import or fill lazily on another thread, which a fork in
+/// the middle would leave half done in the child (docs/reliability.md,
+/// "fork": the audit of lazily initialised state).
+#[pyfunction]
+pub fn _prepare_fork(py: Python<'_>) -> PyResult<()> {
+    distribution_from_core(py).map(drop)
+}
+
+/// The `torchmon.Distribution` of a window.
+fn distribution_object(py: Python<'_>, d: &Distribution) -> PyResult<Py<PyAny>> {
+    let from_core = distribution_from_core(py)?;
     let b = &d.buckets;
     let positive = PyTuple::new(py, &b.positive)?;
     let negative = PyTuple::new(py, &b.negative)?;

@@ -24,7 +24,7 @@ use pyo3::types::{PyDict, PyString};
 use std::ffi::{c_char, c_void};
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicPtr, Ordering};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -183,20 +183,73 @@ extern "C" fn destroy(backend_self: *mut c_void) {
 /// Closed windows waiting for the delivery thread.
 struct Delivery {
     windows: Vec<(Arc<Counter>, WindowStats)>,
-    /// The thread and the process that started it (a forked child has none).
-    thread: Option<(u32, JoinHandle<()>)>,
+    thread: Option<JoinHandle<()>>,
     /// The thread is dispatching windows it took.
     busy: bool,
     stop: bool,
+    /// Windows refused because `QUEUE_CAPACITY` were waiting.
+    dropped: u64,
 }
 
-static DELIVERY: Mutex<Delivery> = Mutex::new(Delivery {
-    windows: Vec::new(),
-    thread: None,
-    busy: false,
-    stop: false,
-});
-static DELIVERY_CHANGED: Condvar = Condvar::new();
+/// One process's delivery queue. A forked child gets a new one
+/// (`reset_delivery_in_child`): the windows queued in the parent are the
+/// parent's to deliver, its thread does not exist in the child, and its lock
+/// may have been held at the fork by a thread that does not exist either
+/// (torch's threads queue windows without the GIL).
+struct DeliveryQueue {
+    state: Mutex<Delivery>,
+    changed: Condvar,
+}
+
+impl DeliveryQueue {
+    const fn new() -> Self {
+        DeliveryQueue {
+            state: Mutex::new(Delivery {
+                windows: Vec::new(),
+                thread: None,
+                busy: false,
+                stop: false,
+                dropped: 0,
+            }),
+            changed: Condvar::new(),
+        }
+    }
+}
+
+/// Windows waiting at most; more are dropped and counted. A handler slower
+/// than the counters close windows would otherwise grow the queue without
+/// bound, and the exit, which delivers what is queued, would last as long.
+const QUEUE_CAPACITY: usize = 1024;
+
+static FIRST_QUEUE: DeliveryQueue = DeliveryQueue::new();
+/// The queue of this process: null for `FIRST_QUEUE`, else one leaked by
+/// `reset_delivery_in_child` (never freed, so a reference to it never dangles).
+static CURRENT_QUEUE: AtomicPtr<DeliveryQueue> = AtomicPtr::new(std::ptr::null_mut());
+
+fn delivery() -> &'static DeliveryQueue {
+    let current = CURRENT_QUEUE.load(Ordering::Acquire);
+    if current.is_null() {
+        &FIRST_QUEUE
+    } else {
+        // SAFETY: a non-null value is only ever stored from `Box::leak`,
+        // whose allocation lives for the rest of the process.
+        unsafe { &*current }
+    }
+}
+
+/// In a forked child (a `torchmon_core::fork::on_fork_in_child` hook): a new,
+/// empty queue with no thread. The parent's is left as it was, untouched.
+fn reset_delivery_in_child() {
+    let fresh: &'static mut DeliveryQueue = Box::leak(Box::new(DeliveryQueue::new()));
+    CURRENT_QUEUE.store(fresh, Ordering::Release);
+}
+
+/// Registers the child's reset with the core's fork reset, which
+/// `_reset_stats_after_fork` runs (docs/reliability.md, "fork").
+pub fn init_fork_reset() {
+    static REGISTERED: std::sync::Once = std::sync::Once::new();
+    REGISTERED.call_once(|| torchmon_core::fork::on_fork_in_child(reset_delivery_in_child));
+}
 
 #[cold]
 fn queue_window(counter: &Arc<Counter>, window: WindowStats) {
@@ -204,33 +257,25 @@ fn queue_window(counter: &Arc<Counter>, window: WindowStats) {
         return;
     }
     let counter = Arc::clone(counter);
-    let mut delivery = DELIVERY.lock();
+    let queue = delivery();
+    let mut delivery = queue.state.lock();
     if delivery.stop {
         return;
     }
+    if delivery.windows.len() >= QUEUE_CAPACITY {
+        delivery.dropped += 1;
+        return;
+    }
     delivery.windows.push((counter, window));
-    let pid = std::process::id();
-    if delivery
-        .thread
-        .as_ref()
-        .is_none_or(|(owner, _)| *owner != pid)
-    {
-        // A handle inherited from the parent names no thread of this
-        // process: forget it, never join or detach it.
-        if let Some(stale) = delivery.thread.take() {
-            std::mem::forget(stale);
-        }
-        delivery.busy = false;
+    if delivery.thread.is_none() {
         // No thread (none can be started): the windows wait for the next
         // flush() or the exit.
-        if let Ok(handle) = std::thread::Builder::new()
+        delivery.thread = std::thread::Builder::new()
             .name("torchmon-wait-counters".into())
-            .spawn(deliver_forever)
-        {
-            delivery.thread = Some((pid, handle));
-        }
+            .spawn(move || deliver_forever(queue))
+            .ok();
     }
-    DELIVERY_CHANGED.notify_all();
+    queue.changed.notify_all();
 }
 
 thread_local! {
@@ -239,13 +284,13 @@ thread_local! {
     static IS_DELIVERY_THREAD: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
 }
 
-fn deliver_forever() {
+fn deliver_forever(queue: &'static DeliveryQueue) {
     IS_DELIVERY_THREAD.with(|is| is.set(true));
     loop {
         let windows = {
-            let mut delivery = DELIVERY.lock();
+            let mut delivery = queue.state.lock();
             while delivery.windows.is_empty() && !delivery.stop {
-                DELIVERY_CHANGED.wait(&mut delivery);
+                queue.changed.wait(&mut delivery);
             }
             if delivery.windows.is_empty() {
                 return; // stopped
@@ -268,9 +313,9 @@ fn deliver_forever() {
                 }
             }
         });
-        let mut delivery = DELIVERY.lock();
+        let mut delivery = queue.state.lock();
         delivery.busy = false;
-        DELIVERY_CHANGED.notify_all();
+        queue.changed.notify_all();
         if attached.is_none() {
             return;
         }
@@ -304,16 +349,25 @@ pub fn flush(py: Python<'_>, failures: &mut Failures, timeout: Duration) -> usiz
     } else {
         timeout
     };
+    let queue = delivery();
     let queued = py.detach(|| {
         let deadline = Instant::now() + timeout;
-        let mut delivery = DELIVERY.lock();
+        let mut delivery = queue.state.lock();
         while delivery.busy
-            && !DELIVERY_CHANGED
+            && !queue
+                .changed
                 .wait_until(&mut delivery, deadline)
                 .timed_out()
         {}
-        std::mem::take(&mut delivery.windows)
+        (
+            std::mem::take(&mut delivery.windows),
+            std::mem::take(&mut delivery.dropped),
+        )
     });
+    let (queued, dropped) = queued;
+    if dropped > 0 {
+        warn_dropped(py, dropped);
+    }
     let mut emitted = 0;
     for (counter, window) in &queued {
         emitted += 1;
@@ -333,15 +387,32 @@ pub fn flush(py: Python<'_>, failures: &mut Failures, timeout: Duration) -> usiz
     emitted
 }
 
+/// Says, as a RuntimeWarning, that `dropped` windows never reached the
+/// handlers. Reported where the queue is emptied (flush and exit): the
+/// delivery thread that finds it full has no caller to warn.
+fn warn_dropped(py: Python<'_>, dropped: u64) {
+    let message = format!(
+        "torchmon: {dropped} torch wait counter window(s) dropped: the event handlers \
+         fell behind and {QUEUE_CAPACITY} windows were already waiting for them"
+    );
+    let category = py.get_type::<pyo3::exceptions::PyRuntimeWarning>();
+    if let Ok(message) = std::ffi::CString::new(message)
+        && let Err(err) = PyErr::warn(py, &category, &message, 0)
+    {
+        err.write_unraisable(py, None);
+    }
+}
+
 /// The exit step (from `_flush_all_stats`): stops the delivery thread (its
 /// last dispatch may finish, GIL released here, for up to `EXIT_WAIT`), then
 /// emits what is left; from then on closed windows are dropped and Python
 /// is never touched, whatever torch does during and after finalization.
 pub fn flush_at_exit(py: Python<'_>) {
+    let queue = delivery();
     let thread = {
-        let mut delivery = DELIVERY.lock();
+        let mut delivery = queue.state.lock();
         delivery.stop = true;
-        DELIVERY_CHANGED.notify_all();
+        queue.changed.notify_all();
         delivery.thread.take()
     };
     let mut failures = Failures::default();
@@ -350,8 +421,8 @@ pub fn flush_at_exit(py: Python<'_>) {
         err.write_unraisable(py, None);
     }
     AT_EXIT.store(true, Ordering::Release);
-    if let Some((pid, handle)) = thread {
-        if pid == std::process::id() && !DELIVERY.lock().busy {
+    if let Some(handle) = thread {
+        if !queue.state.lock().busy {
             // Stopped and idle: it returns without touching Python.
             py.detach(|| drop(handle.join()));
         } else {

@@ -181,12 +181,25 @@ def _install_exit_flush() -> None:
     if register_threading_atexit is not None:
         register_threading_atexit(register_in_order)
     if hasattr(os, "register_at_fork"):
+        os.register_at_fork(before=_prepare_fork)
         # The open windows a forked child inherits hold the parent's samples,
         # which the parent emits: the child starts with empty ones
         # (docs/reliability.md, "fork").
         os.register_at_fork(after_in_child=_core._reset_stats_after_fork)
         # A forked child has no worker threads: give each handler new ones.
         os.register_at_fork(after_in_child=_core._restart_async_handlers_after_fork)
+
+
+def _prepare_fork() -> None:
+    """Completes, on the forking thread, what torchmon's other threads would
+    otherwise import or fill on first use: a window dispatch (the
+    Distribution), a handler error's report (``traceback``). A fork while
+    another thread was inside such an import left that module's import lock,
+    or the cell, held for ever in the child, whose first use of it hung
+    (docs/reliability.md, "fork")."""
+    import traceback  # noqa: F401  (torchmon._errors.report_unraisable)
+
+    _core._prepare_fork()
 
 
 # Registered before the exit flush and drain, so that it runs after them and

@@ -46,6 +46,7 @@ __all__ = [
     "_install_tensor_support",
     "_live_stat_count",
     "_record_cpu_tensors",
+    "_prepare_fork",
     "_reset_stats_after_fork",
     "_restart_async_handlers_after_fork",
     "_set_clock_ms",
@@ -219,6 +220,7 @@ def _live_stat_count() -> int: ...
 def _event_with_distribution(
     name: _Text, timestamp: datetime | date | time, data: _EventData, distribution: Distribution
 ) -> Event: ...
+def _prepare_fork() -> None: ...
 def _reset_stats_after_fork() -> int: ...
 def _install_tensor_support(
     tensor_type: type,

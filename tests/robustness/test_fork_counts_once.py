@@ -19,6 +19,7 @@ import multiprocessing
 import subprocess
 import sys
 import textwrap
+import time
 from collections import defaultdict
 from pathlib import Path
 
@@ -263,3 +264,127 @@ def test_wait_counters_and_system_stats_are_not_relogged_by_a_child(tmp_path: Pa
     assert dict(logged[child]) == {"wc.count": 2.0}
     assert logged[parent]["wc.count"] == 50.0
     assert logged[parent]["system windows"] >= 1
+
+
+_HAS_TORCH = importlib.util.find_spec("torch") is not None
+
+# Four threads make torch wait-counter guards (10 ms windows, so the delivery
+# thread is busy much of the time) while the main thread starts and joins
+# no-op multiprocessing fork children; every window goes to one JSON lines
+# file. Prints the guards made and each child's time from start() to join().
+_WAIT_COUNTERS_AND_FORK_CHILDREN = r"""
+import json, multiprocessing, sys, threading, time, warnings
+import torchmon
+from torchmon.bridge import record_wait_counters
+
+warnings.simplefilter("ignore", DeprecationWarning)
+record_wait_counters(0.01)
+torchmon.register_event_handler(torchmon.JsonlEventHandler(sys.argv[1]))
+import torch
+
+counter = torch.monitor._WaitCounter("forked")
+made = [0] * 4
+stop = threading.Event()
+
+def guard(index):
+    while not stop.is_set():
+        with counter.guard():
+            pass
+        made[index] += 1
+
+def child_flush_time(queue):
+    started = time.monotonic()
+    torchmon.flush()
+    queue.put(time.monotonic() - started)
+
+threads = [threading.Thread(target=guard, args=(i,)) for i in range(4)]
+for thread in threads:
+    thread.start()
+context = multiprocessing.get_context("fork")
+queue = context.Queue()
+exits, flushes = [], []
+for _ in range(6):
+    time.sleep(0.2)
+    started = time.monotonic()
+    child = context.Process(target=child_flush_time, args=(queue,))
+    child.start()
+    child.join(30)
+    exits.append(time.monotonic() - started)
+    assert child.exitcode == 0, child.exitcode
+    flushes.append(queue.get(timeout=5))
+time.sleep(0.1)
+stop.set()
+for thread in threads:
+    thread.join()
+print(json.dumps({"made": sum(made), "exits": exits, "flushes": flushes}))
+"""
+
+
+@pytest.mark.skipif("fork" not in METHODS, reason="needs fork")
+@pytest.mark.skipif(not _HAS_TORCH, reason="needs torch (its wait counters)")
+def test_torch_wait_counters_count_each_guard_once_across_fork_children(tmp_path: Path) -> None:
+    """A forked child neither re-delivers the windows its parent had queued
+    for the delivery thread nor waits for that thread, which it does not
+    have: the counts in the shared file equal the guards made, and a child
+    that only flushes is done in well under the parent's 2 s exit wait
+    (before: 2.4x the guards counted, and 2.0 s per child)."""
+    out = tmp_path / "events.jsonl"
+    proc = subprocess.run(
+        [sys.executable, "-c", _WAIT_COUNTERS_AND_FORK_CHILDREN, str(out)],
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT,
+    )
+    assert proc.returncode == 0, proc.stderr
+    result = json.loads(proc.stdout.splitlines()[-1])
+    counted = sum(
+        e.data["torch.wait_counter.forked.count"]
+        for e in read_jsonl(out)
+        if "torch.wait_counter.forked.count" in e.data
+    )
+    assert result["made"] > 10_000
+    assert counted == result["made"]
+    assert max(result["flushes"]) < 1.0, result
+    assert max(result["exits"]) < 1.0, result
+
+
+@pytest.mark.skipif(not _HAS_TORCH, reason="needs torch (its wait counters)")
+def test_a_slow_handler_leaves_at_most_the_queue_capacity_of_wait_counter_windows(
+    tmp_path: Path,
+) -> None:
+    """With a handler slower than the counters close windows, the delivery
+    queue holds at most 1,024 windows (the rest dropped, and said so by one
+    RuntimeWarning), so the exit, which delivers what is queued, stays
+    bounded (before: 2,700 windows queued in 3 s, and an 18 s exit)."""
+    code = r"""
+import sys, threading, time
+import torchmon
+from torchmon.bridge import record_wait_counters
+record_wait_counters(0.001)
+delivered = [0]
+def slow(event):
+    delivered[0] += 1
+    time.sleep(0.01)
+torchmon.register_event_handler(slow)
+import torch
+names = [f"k{i}" for i in range(20)]
+counters = [torch.monitor._WaitCounter(n) for n in names]
+end = time.monotonic() + 1.5
+while time.monotonic() < end:
+    for c in counters:
+        with c.guard():
+            pass
+    time.sleep(0.0005)
+print("loop done", delivered[0], flush=True)
+"""
+    started = time.monotonic()
+    proc = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=TIMEOUT
+    )
+    took = time.monotonic() - started
+    assert proc.returncode == 0, proc.stderr
+    assert "wait counter window(s) dropped" in proc.stderr, proc.stderr
+    assert proc.stderr.count("RuntimeWarning") == 1, proc.stderr
+    # 1,024 windows of a 10 ms handler at most after the loop: ~10 s, not
+    # the ~20 s the unbounded queue took for what 20 counters close in 1.5 s.
+    assert took < 1.5 + 2 + 1024 * 0.01 + 5, took
