@@ -1,7 +1,7 @@
 //! Argument conversion shared by the bindings: strings, event data values,
 //! numbers. Every failure is a `TypeError`/`ValueError` naming the argument.
 
-use pyo3::exceptions::{PyRuntimeError, PyTypeError, PyValueError};
+use pyo3::exceptions::{PyOverflowError, PyRuntimeError, PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::sync::{Interned, PyOnceLock};
 use pyo3::types::{PyBool, PyByteArray, PyBytes, PyComplex, PyFloat, PyInt, PyString, PyType};
@@ -239,9 +239,13 @@ pub fn sample(value: &Bound<'_, PyAny>) -> Result<f64, NotASample> {
 #[cold]
 fn sample_slow(value: &Bound<'_, PyAny>) -> Result<f64, NotASample> {
     if value.is_instance_of::<PyInt>() {
-        return value
-            .extract::<f64>()
-            .map_err(|err| NotASample::NotANumber(Some(err)));
+        return value.extract::<f64>().map_err(|err| {
+            if err.is_instance_of::<PyOverflowError>(value.py()) {
+                NotASample::IntTooLarge(err)
+            } else {
+                NotASample::NotANumber(Some(err))
+            }
+        });
     }
     if let Ok(f) = value.cast::<PyFloat>() {
         // A float subclass (numpy.float64): float() reads the value, as here.
@@ -274,6 +278,8 @@ fn sample_slow(value: &Bound<'_, PyAny>) -> Result<f64, NotASample> {
 pub enum NotASample {
     /// Not a real number; the error `float()` conversion raised, if any.
     NotANumber(Option<PyErr>),
+    /// An int beyond the float range (the `OverflowError` of `float()`).
+    IntTooLarge(PyErr),
     /// A complex number.
     Complex,
 }
@@ -289,6 +295,12 @@ impl NotASample {
                     type_name(value)
                 ),
                 cause,
+            ),
+            NotASample::IntTooLarge(cause) => (
+                format!(
+                    "{subject} must be a real number, not an int too large to convert to float"
+                ),
+                Some(cause),
             ),
             NotASample::Complex => (
                 format!(

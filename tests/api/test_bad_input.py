@@ -236,6 +236,22 @@ def test_complex_scalars_are_type_errors_as_complex_tensors(make: Any) -> None:
     assert stat.count == 0
 
 
+@pytest.mark.parametrize("value", [10**400, -(2**1024), 2**1024 - 2**970], ids=repr)
+def test_an_int_beyond_the_float_range_is_named_as_such(value: int) -> None:
+    # TypeError as torch.monitor raises (its pybind11 overload does not
+    # match), with float()'s OverflowError as the cause.
+    stat = Stat("s", [SUM], SECOND)
+    message = "must be a real number, not an int too large to convert to float"
+    with pytest.raises(TypeError, match=rf"Stat\.add\(v\): v {message}") as raised:
+        stat.add(value)
+    assert isinstance(raised.value.__cause__, OverflowError)
+    with pytest.raises(TypeError, match=rf"Stat\.add_many\(values\): values\[1\] {message}"):
+        stat.add_many([1, value])
+    assert stat.count == 0
+    stat.add(2**1024 - 2**971)  # float(): 1.7976931348623157e+308
+    assert stat.count == 1
+
+
 def test_stat_add_rejects_a_tensor_with_more_than_one_element() -> None:
     torch = pytest.importorskip("torch")
     stat = Stat("s", [SUM], SECOND)
