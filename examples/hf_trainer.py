@@ -3,7 +3,8 @@
 Run:  python examples/hf_trainer.py [--log-dir DIR] [--steps N]
       torchrun --nproc-per-node=2 examples/hf_trainer.py --log-dir DIR   (2 ranks, gloo)
 
-Needs ``pip install "torchmon[transformers]"`` and torch. The model is built
+Needs transformers, accelerate (``pip install ".[transformers]"`` in the
+torchmon checkout) and torch. The model is built
 from a config in code and the data are random tokens, so nothing is
 downloaded. The one torchmon line is ``callbacks=[TorchmonCallback(log_dir)]``:
 step times, data times, tokens per second and every value the Trainer logs

@@ -3,9 +3,10 @@
 Run:  python examples/lightning_trainer.py [--log-dir DIR] [--steps N]
       torchrun --nproc-per-node=2 examples/lightning_trainer.py --log-dir DIR   (2 ranks, gloo)
 
-Needs ``pip install "torchmon[lightning]"`` (and torch). The torchmon lines
-are ``logger=TorchmonLogger(DIR)`` (what ``self.log`` logs, as windowed Stats)
-and ``callbacks=[TorchmonCallback()]`` (step and data times): their events go
+Needs lightning (``pip install ".[lightning]"`` in the torchmon checkout)
+and torch. The torchmon lines are ``logger=TorchmonLogger(DIR)`` (what
+``self.log`` logs, as windowed Stats) and ``callbacks=[TorchmonCallback()]``
+(step and data times): their events go
 to ``DIR/events-rank{N}.jsonl`` and to TensorBoard files in ``DIR/rank{N}``
 (docs/integrations.md). Lightning's own CSVLogger writes ``DIR/csv`` beside
 them, for comparison. The data are random, nothing is downloaded; a few
