@@ -179,6 +179,33 @@ def test_quickstart_prints_a_tensorboard_command_that_runs_as_printed(tmp_path: 
     assert Path(found).resolve() == script.resolve()
 
 
+@pytest.mark.parametrize("name", ["hf_trainer.py", "lightning_trainer.py"])
+def test_trainer_examples_print_next_steps_that_run_as_printed(
+    name: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """As quickstart's: the venv need not be activated, the printed commands
+    name this Python's own scripts by a path that works from the current
+    directory. (The examples themselves need their frameworks; their
+    next_steps() needs nothing.)"""
+    import runpy
+
+    example = runpy.run_path(str(EXAMPLES / name), run_name="example")
+    monkeypatch.chdir(tmp_path)
+    summarize, tensorboard = example["next_steps"](tmp_path / "run dir")
+    expected = {"torchmon": summarize, "tensorboard": tensorboard}
+    for script_name, line in expected.items():
+        script = Path(sys.executable).parent / script_name
+        if not script.is_file():
+            assert f"{shlex.quote(sys.executable)} -m " in line
+            continue
+        program = shlex.split(line)[0]
+        found = shutil.which(program) if os.sep not in program else str(tmp_path / program)
+        assert found is not None, f"{program!r} does not run from {tmp_path}"
+        assert Path(found).resolve() == script.resolve()
+    assert shlex.split(summarize)[1:] == ["summarize", f"{tmp_path}/run dir/events-rank*.jsonl"]
+    assert shlex.split(tensorboard)[-2:] == ["--logdir", f"{tmp_path}/run dir"]
+
+
 @pytest.mark.parametrize("name", ["torchrun_prometheus.py", "preemptible_training.py"])
 def test_examples_that_need_torch_say_so_without_a_traceback(name: str, tmp_path: Path) -> None:
     # torch made unimportable, as in an environment without it.
