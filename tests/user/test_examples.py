@@ -159,6 +159,32 @@ def test_quickstart_runs_and_reports_its_epochs(tmp_path: Path) -> None:
     assert [row[0] for row in epoch_rows] == ["0", "1"]
 
 
+def test_quickstart_writes_each_run_into_a_directory_of_its_own(tmp_path: Path) -> None:
+    """Two runs in one directory show in TensorBoard as one run, their points
+    mixed: by default each run gets a new one, which it prints."""
+    pytest.importorskip("tensorboardX")
+    written = []
+    for _ in range(2):
+        out = run_example("quickstart.py", "--epochs", "1", "--steps", "5", cwd=tmp_path)
+        (line,) = [line for line in out.splitlines() if line.startswith("writing TensorBoard")]
+        written.append(tmp_path / line.rpartition(" ")[2])
+    assert written[0] != written[1]
+    assert sorted(p.parent for p in written) == [tmp_path / "runs"] * 2
+    for logdir in written:
+        (events_file,) = logdir.iterdir()
+        assert events_file.name.startswith("events.out.tfevents.")
+    proc = subprocess.run(
+        [sys.executable, str(EXAMPLES / "quickstart.py"), "--logdir", str(written[0])],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        stdin=subprocess.DEVNULL,
+    )
+    assert proc.returncode == 2
+    assert "not empty" in proc.stderr
+
+
 def test_quickstart_prints_a_tensorboard_command_that_runs_as_printed(tmp_path: Path) -> None:
     """The venv running the tests need not be activated: the printed command
     names this Python's own tensorboard script, by a path that works from
