@@ -144,3 +144,26 @@ def test_nothing_recorded_since_a_failed_export_is_not_waited_for_again() -> Non
     assert exit_seconds < timeout / 2, stderr
     reports = [line for line in stderr.splitlines() if line.startswith("torchmon:")]
     assert len(reports) == 1 and "not sent" in reports[0], stderr
+
+
+def test_a_last_export_that_does_not_finish_by_the_exit_is_reported() -> None:
+    """The exit's own export (no flush before it) against a silent collector:
+    one line on stderr says what was not sent."""
+    code = (
+        "import sys, torchmon\n"
+        "otlp = torchmon.OpenTelemetryEventHandler.otlp(sys.argv[1], export_timeout=1.0)\n"
+        "torchmon.register_event_handler(otlp)\n"
+        "stat = torchmon.Stat('loss', [torchmon.Aggregation.MEAN], 3600.0)\n"
+        "stat.add(1.0)\n"
+    )
+    with silent_listener() as endpoint:
+        child = subprocess.run(
+            [sys.executable, "-c", code, endpoint], capture_output=True, text=True, timeout=120
+        )
+    assert child.returncode == 0, child.stderr
+    lines = child.stderr.splitlines()
+    assert len(lines) == 1, lines
+    assert lines[0].startswith("torchmon: OpenTelemetryEventHandler: the metrics since ")
+    # Usually "did not finish within export_timeout=1 s"; the exporter's own
+    # 1 s request timeout may win the race and name the timeout instead.
+    assert f"were not sent to {endpoint}: " in lines[0]

@@ -667,6 +667,7 @@ class OpenTelemetryEventHandler(ClosesOnExit):
         "_owner_pid",
         "_progress",
         "_provider",
+        "_reader",
         "_sources",
     )
 
@@ -707,6 +708,7 @@ class OpenTelemetryEventHandler(ClosesOnExit):
         self._last_export = time.time()
         self._destination = ""
         self._progress = _Progress()
+        self._reader: Any = None
         if exporter is not None:
             timeout_ms = _seconds_to_ms(export_timeout, "export_timeout")
             self._export_timeout = (
@@ -814,6 +816,7 @@ class OpenTelemetryEventHandler(ClosesOnExit):
         reader = _periodic_reader(
             reporting, self._histograms, self._progress, interval_ms, self._export_timeout * 1000.0
         )
+        self._reader = reader
         # Not the provider's own exit hook: close() bounds the last export.
         self._provider = MeterProvider(
             metric_readers=[reader], resource=resource, shutdown_on_exit=False
@@ -1031,13 +1034,10 @@ class OpenTelemetryEventHandler(ClosesOnExit):
             self._report(f"did not finish within export_timeout={self._export_timeout:g} s")
 
     def _reader_thread(self) -> threading.Thread | None:
-        provider = self._provider
-        readers = getattr(getattr(provider, "_sdk_config", None), "metric_readers", ())
-        for reader in readers:
-            thread = getattr(reader, "_daemon_thread", None)
-            if isinstance(thread, threading.Thread):
-                return thread
-        return None
+        # Kept from _own_provider: the SDK's MeterProvider no longer lists
+        # its readers in _sdk_config (opentelemetry-sdk 1.45).
+        thread = getattr(self._reader, "_daemon_thread", None)
+        return thread if isinstance(thread, threading.Thread) else None
 
     def _bounded(self, work: Callable[[], object], seconds: float) -> bool:
         """Runs ``work`` on a helper thread, waiting ``seconds`` at most; it
