@@ -3,9 +3,10 @@
 Run:  python examples/lightning_trainer.py [--log-dir DIR] [--steps N]
       torchrun --nproc-per-node=2 examples/lightning_trainer.py --log-dir DIR   (2 ranks, gloo)
 
-Needs ``pip install "torchmon[lightning]"`` (and torch). The torchmon lines
-are ``logger=TorchmonLogger(DIR)`` (what ``self.log`` logs, as windowed Stats)
-and ``callbacks=[TorchmonCallback()]`` (step and data times): their events go
+Needs lightning (``pip install ".[lightning]"`` in the torchmon checkout)
+and torch. The torchmon lines are ``logger=TorchmonLogger(DIR)`` (what
+``self.log`` logs, as windowed Stats) and ``callbacks=[TorchmonCallback()]``
+(step and data times): their events go
 to ``DIR/events-rank{N}.jsonl`` and to TensorBoard files in ``DIR/rank{N}``
 (docs/integrations.md). Lightning's own CSVLogger writes ``DIR/csv`` beside
 them, for comparison. The data are random, nothing is downloaded; a few
@@ -16,6 +17,8 @@ from __future__ import annotations
 
 import argparse
 import os
+import shlex
+import shutil
 import sys
 import tempfile
 from pathlib import Path
@@ -98,8 +101,53 @@ def main() -> None:
 
     if torchmon.rank_info().rank == 0:
         print(f"trained {args.steps} steps; torchmon's events are in {log_dir}")
-        print(f"  torchmon summarize {log_dir}/events-rank*.jsonl")
-        print(f"  tensorboard --logdir {log_dir}")
+        for command in next_steps(log_dir):
+            print(f"  {command}")
+
+
+def next_steps(log_dir: Path) -> list[str]:
+    """The commands that look at the run, each runnable as printed from the
+    current directory (as the other examples and ``torchmon demo`` print
+    theirs)."""
+    where = shlex.quote(str(log_dir))
+    return [
+        f"{torchmon_command()} summarize {where}/events-rank*.jsonl",
+        tensorboard_command(log_dir),
+    ]
+
+
+def torchmon_command() -> str:
+    """This Python's ``torchmon`` script: the bare name when PATH finds that
+    very script, else its path (``.venv/bin/torchmon``: a venv that is not
+    activated is not on PATH), else ``python -m torchmon``."""
+    script = Path(sys.executable).parent / "torchmon"
+    if not script.is_file():
+        return f"{shlex.quote(sys.executable)} -m torchmon"
+    return _script_as_typed(script)
+
+
+def tensorboard_command(logdir: str | Path) -> str:
+    """The command that shows ``logdir`` in TensorBoard, runnable as printed
+    from the current directory: this Python's ``tensorboard`` script by its
+    path, or the bare name when PATH finds that very script."""
+    where = shlex.quote(str(logdir))
+    python = shlex.quote(sys.executable)
+    script = Path(sys.executable).parent / "tensorboard"
+    if not script.is_file():
+        return (
+            f"{python} -m pip install tensorboard && {python} -m tensorboard.main --logdir {where}"
+        )
+    return f"{_script_as_typed(script)} --logdir {where}"
+
+
+def _script_as_typed(script: Path) -> str:
+    found = shutil.which(script.name)
+    if found is not None and Path(found).resolve() == script.resolve():
+        return script.name
+    relative = os.path.relpath(script)
+    shown = str(script) if relative.startswith("..") else relative
+    # A word without a slash is looked up on PATH.
+    return shlex.quote(shown if os.sep in shown else os.path.join(".", shown))
 
 
 if __name__ == "__main__":

@@ -4,7 +4,8 @@ Run:  python examples/quickstart.py [--logdir DIR]
 
 Records a per-step loss and step time into windowed Stats, logs one Event per
 epoch, writes the Stat windows to TensorBoard (via tensorboardX, when
-installed) and prints a summary. Replace ``import torchmon as monitor`` with
+installed; each run in a new directory, ``runs/torchmon-quickstart-<timestamp>``
+by default) and prints a summary. Replace ``import torchmon as monitor`` with
 ``import torch.monitor as monitor`` and the recording code runs unchanged.
 """
 
@@ -26,10 +27,19 @@ import torchmon as monitor
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--logdir", default="runs/torchmon-quickstart")
+    parser.add_argument(
+        "--logdir",
+        type=Path,
+        help="a new or empty directory (default: runs/torchmon-quickstart-<timestamp>)",
+    )
     parser.add_argument("--epochs", type=int, default=5)
     parser.add_argument("--steps", type=int, default=1000)
     args = parser.parse_args()
+    # A directory per run: TensorBoard shows two runs written into one
+    # directory as one run, their points mixed.
+    logdir = args.logdir or fresh_logdir()
+    if logdir.is_dir() and any(logdir.iterdir()):
+        parser.error(f"--logdir {logdir} is not empty")
 
     windows: list[dict[str, float]] = []
     epochs: list[dict[str, object]] = []
@@ -45,8 +55,9 @@ def main() -> None:
     try:
         from tensorboardX import SummaryWriter
 
-        writer = SummaryWriter(logdir=args.logdir)
+        writer = SummaryWriter(logdir=str(logdir))
         handles.append(monitor.register_event_handler(monitor.TensorboardEventHandler(writer)))
+        print(f"writing TensorBoard files to {logdir}")
     except ImportError:
         print("tensorboardX is not installed: skipping TensorBoard output")
 
@@ -96,7 +107,17 @@ def main() -> None:
             f"last window {last['train.loss.mean']:.4f}"
         )
     if writer is not None:
-        print(f"\nLook at it:  {tensorboard_command(args.logdir)}")
+        print(f"\nLook at it:  {tensorboard_command(logdir)}")
+
+
+def fresh_logdir() -> Path:
+    """``runs/torchmon-quickstart-<timestamp>``, numbered when it exists."""
+    base = Path("runs") / f"torchmon-quickstart-{datetime.now():%Y%m%d-%H%M%S}"
+    candidate, n = base, 1
+    while candidate.exists():
+        candidate = base.with_name(f"{base.name}-{n}")
+        n += 1
+    return candidate
 
 
 def tensorboard_command(logdir: str | Path) -> str:

@@ -1,10 +1,10 @@
 //! Argument conversion shared by the bindings: strings, event data values,
 //! numbers. Every failure is a `TypeError`/`ValueError` naming the argument.
 
-use pyo3::exceptions::{PyRuntimeError, PyTypeError, PyValueError};
+use pyo3::exceptions::{PyOverflowError, PyRuntimeError, PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::sync::{Interned, PyOnceLock};
-use pyo3::types::{PyBool, PyByteArray, PyBytes, PyFloat, PyInt, PyString, PyType};
+use pyo3::types::{PyBool, PyByteArray, PyBytes, PyComplex, PyFloat, PyInt, PyString, PyType};
 
 /// The one format of an argument error, here and in the Python package
 /// (python/torchmon/_errors.py): the call, the argument, then the argument
@@ -227,8 +227,9 @@ fn string_value<'py>(value: &Bound<'py, PyAny>, key: &str) -> PyResult<Bound<'py
 }
 
 /// A sample for `Stat.add`: what `float(v)` accepts the way pybind11 does.
+/// On failure, [`NotASample::into_error`] makes the caller's `TypeError`.
 #[inline]
-pub fn sample(value: &Bound<'_, PyAny>) -> PyResult<f64> {
+pub fn sample(value: &Bound<'_, PyAny>) -> Result<f64, NotASample> {
     if let Ok(f) = value.cast_exact::<PyFloat>() {
         return Ok(f.value());
     }
@@ -236,25 +237,117 @@ pub fn sample(value: &Bound<'_, PyAny>) -> PyResult<f64> {
 }
 
 #[cold]
-fn sample_slow(value: &Bound<'_, PyAny>) -> PyResult<f64> {
+fn sample_slow(value: &Bound<'_, PyAny>) -> Result<f64, NotASample> {
+    if value.is_instance_of::<PyInt>() {
+        return value.extract::<f64>().map_err(|err| {
+            if err.is_instance_of::<PyOverflowError>(value.py()) {
+                NotASample::IntTooLarge(err)
+            } else {
+                NotASample::NotANumber(Some(err))
+            }
+        });
+    }
+    if let Ok(f) = value.cast::<PyFloat>() {
+        // A float subclass (numpy.float64): float() reads the value, as here.
+        return Ok(f.value());
+    }
     if value.is_instance_of::<PyString>()
         || value.is_instance_of::<PyBytes>()
         || value.is_instance_of::<PyByteArray>()
     {
-        return Err(not_a_number(value, None));
+        return Err(NotASample::NotANumber(None));
     }
-    value
-        .extract::<f64>()
-        .map_err(|err| not_a_number(value, Some(err)))
+    // numpy's complex scalars have a `__float__` that warns and drops the
+    // imaginary part; a complex tensor and `complex` are TypeErrors
+    // (docs/api.md, `Stat.add`), and so are they. Checked here, not with
+    // `complex` (which numpy.complex128 subclasses), so that the other
+    // widths are caught too.
+    if is_numpy_complex(value) {
+        return Err(NotASample::Complex);
+    }
+    value.extract::<f64>().map_err(|err| {
+        if value.is_instance_of::<PyComplex>() {
+            NotASample::Complex // `complex` has no __float__
+        } else {
+            NotASample::NotANumber(Some(err))
+        }
+    })
 }
 
-fn not_a_number(value: &Bound<'_, PyAny>, cause: Option<PyErr>) -> PyErr {
-    let err = PyTypeError::new_err(format!(
-        "Stat.add(): value must be a real number (float, int, bool or an object with __float__), not {}",
-        type_name(value)
-    ));
-    err.set_cause(value.py(), cause);
-    err
+/// Why [`sample`] refused a value.
+pub enum NotASample {
+    /// Not a real number; the error `float()` conversion raised, if any.
+    NotANumber(Option<PyErr>),
+    /// An int beyond the float range (the `OverflowError` of `float()`).
+    IntTooLarge(PyErr),
+    /// A complex number.
+    Complex,
+}
+
+impl NotASample {
+    /// The `TypeError` (as torch raises for each, /work/shared/SPEC.md
+    /// "Stat") about `value`; `subject` names it: `Stat.add(v): v`.
+    pub fn into_error(self, value: &Bound<'_, PyAny>, subject: &str) -> PyErr {
+        let (message, cause) = match self {
+            NotASample::NotANumber(cause) => (
+                format!(
+                    "{subject} must be a real number (float, int, bool or an object with __float__), not {}",
+                    type_name(value)
+                ),
+                cause,
+            ),
+            NotASample::IntTooLarge(cause) => (
+                format!(
+                    "{subject} must be a real number, not an int too large to convert to float"
+                ),
+                Some(cause),
+            ),
+            NotASample::Complex => (
+                format!(
+                    "{subject} must be a real number, not a complex number ({})",
+                    type_name(value)
+                ),
+                None,
+            ),
+        };
+        let err = PyTypeError::new_err(message);
+        err.set_cause(value.py(), cause);
+        err
+    }
+}
+
+/// Whether `value` is a numpy complex scalar. Looked up without importing
+/// numpy: before numpy is imported there is none.
+fn is_numpy_complex(value: &Bound<'_, PyAny>) -> bool {
+    static COMPLEXFLOATING: PyOnceLock<Py<PyType>> = PyOnceLock::new();
+    let py = value.py();
+    if let Some(complexfloating) = COMPLEXFLOATING.get(py) {
+        // SAFETY: both are live type objects (the value's, and one the cell
+        // keeps alive); PyType_IsSubtype only reads their MROs.
+        return unsafe {
+            pyo3::ffi::PyType_IsSubtype(value.get_type_ptr(), complexfloating.as_ptr().cast()) != 0
+        };
+    }
+    // SAFETY: the thread is attached (`py`) and the name a live str;
+    // PyImport_GetModule only looks in sys.modules and returns a new
+    // reference, or NULL when numpy is absent (no exception set) or on an
+    // error (set, and cleared here).
+    let numpy = unsafe {
+        Bound::from_owned_ptr_or_opt(py, pyo3::ffi::PyImport_GetModule(NUMPY.get(py).as_ptr()))
+    };
+    let Some(numpy) = numpy else {
+        drop(PyErr::take(py));
+        return false;
+    };
+    let Ok(complexfloating) = numpy
+        .getattr(COMPLEXFLOATING_NAME.get(py))
+        .and_then(|t| t.cast_into::<PyType>().map_err(PyErr::from))
+    else {
+        return false; // numpy still importing
+    };
+    let is_complex = value.is_instance(&complexfloating).unwrap_or(false);
+    let _ = COMPLEXFLOATING.set(py, complexfloating.unbind());
+    is_complex
 }
 
 /// `datetime.datetime.now` (naive local time), looked up once.
@@ -281,6 +374,8 @@ pub static INDEX: Interned = Interned::new("__index__");
 pub static INT: Interned = Interned::new("__int__");
 pub static COMBINE: Interned = Interned::new("combine");
 pub static ITEMS: Interned = Interned::new("items");
+static NUMPY: Interned = Interned::new("numpy");
+static COMPLEXFLOATING_NAME: Interned = Interned::new("complexfloating");
 
 /// Fills this module's lazily initialised cells; called when the module is
 /// imported. A cell is initialised with the GIL released at one point (PyO3
@@ -289,7 +384,16 @@ pub static ITEMS: Interned = Interned::new("items");
 /// initialised" in the child for ever, and the child's first use of it hangs
 /// (docs/reliability.md, "fork").
 pub fn init_lazy(py: Python<'_>) -> PyResult<()> {
-    for name in [&DTYPE, &KIND, &INDEX, &INT, &COMBINE, &ITEMS] {
+    for name in [
+        &DTYPE,
+        &KIND,
+        &INDEX,
+        &INT,
+        &COMBINE,
+        &ITEMS,
+        &NUMPY,
+        &COMPLEXFLOATING_NAME,
+    ] {
         name.get(py);
     }
     now_function(py)?;

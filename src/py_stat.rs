@@ -230,7 +230,7 @@ impl Stat {
             support.add.bind(py).call1((slf, v))?;
             return Ok(());
         }
-        let value = sample(v)?;
+        let value = sample(v).map_err(|err| err.into_error(v, "Stat.add(v): v"))?;
         let this = slf.get();
         let closed = this.record(value);
         this.emit_closed(py, &closed)
@@ -875,13 +875,8 @@ fn add_iterable(core: &CoreStat, values: &Bound<'_, PyAny>) -> PyResult<Closed> 
     let mut samples = Vec::with_capacity(values.len().unwrap_or(0).min(RESERVE_AT_MOST));
     for (index, value) in iterator.enumerate() {
         let value = value?;
-        let converted = sample(&value).map_err(|cause| {
-            let err = PyTypeError::new_err(format!(
-                "Stat.add_many(values): values[{index}] must be a real number (float, int, bool or an object with __float__), not {}",
-                type_name(&value)
-            ));
-            err.set_cause(value.py(), Some(cause));
-            err
+        let converted = sample(&value).map_err(|err| {
+            err.into_error(&value, &format!("Stat.add_many(values): values[{index}]"))
         })?;
         samples.push(converted);
     }

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, settings
+from support import SHARED
 
 import torchmon
 
@@ -27,14 +28,14 @@ settings.register_profile("deep-part", max_examples=2_000, **_LONG_RUN)
 settings.register_profile("dev", max_examples=100, deadline=None)
 settings.load_profile(os.environ.get("TORCHMON_HYPOTHESIS_PROFILE", "dev"))
 
-#: The folder beside the checkout that holds conformance/ (the torch vectors) and wheels/.
-SHARED = Path(__file__).resolve().parents[2] / "shared"
-
 
 @pytest.fixture
 def shared_dir() -> Path:
     if not (SHARED / "conformance").is_dir():
-        pytest.skip(f"{SHARED} (the shared conformance folder) is absent")
+        pytest.skip(
+            f"{SHARED} (the shared conformance folder) is absent: "
+            "TORCHMON_SHARED=/path/to/shared names it"
+        )
     return SHARED
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import importlib.util
 import json
+import os
 import subprocess
 import sys
 import textwrap
@@ -41,8 +42,13 @@ def run_child_writing(
     return proc, lines
 
 
-#: ../shared/conformance beside the checkout: the torch 2.13 vectors and replay.py.
-CONFORMANCE = Path(__file__).resolve().parents[2] / "shared" / "conformance"
+#: The reference folder: the torch 2.13 CPU wheel (wheels/) and the
+#: conformance vectors recorded from torch.monitor (conformance/). Where
+#: TORCHMON_SHARED says, else ../shared beside the checkout; the tests that
+#: need it skip without it (README.md, "Tests and examples that need torch").
+SHARED = Path(os.environ.get("TORCHMON_SHARED") or Path(__file__).resolve().parents[2] / "shared")
+#: The torch 2.13 vectors and replay.py.
+CONFORMANCE = SHARED / "conformance"
 
 
 def load_conformance() -> tuple[Any, list[dict[str, Any]]]:

@@ -246,7 +246,7 @@ class SystemStats:
         if source == "psutil" and psutil is None:
             raise ModuleNotFoundError(
                 "SystemStats(source='psutil'): psutil is not installed "
-                "(pip install 'torchmon[system]')",
+                "(pip install psutil; in a torchmon checkout: pip install '.[system]')",
                 name="psutil",
             )
         reader = _PsutilReader(psutil) if psutil is not None else _ProcReader()

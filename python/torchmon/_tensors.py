@@ -55,6 +55,18 @@ def _check_values(values: Any, where: str, one_value: bool) -> None:
     ``Stat.add``). Only cheap tensor methods: a new tensor (``detach``,
     ``reshape``) costs microseconds in eager mode, more than the add."""
     argument = "v" if one_value else "values"
+    if values.is_nested or values.layout is not _torch.strided:
+        # Sparse, nested and mkldnn tensors have no storage to read in place
+        # (.item() and .tolist() fail on most of them, with torch's messages).
+        if values.is_nested:
+            raise TypeError(
+                f"{where}({argument}): a nested torch.Tensor (layout {values.layout}) "
+                f"is not supported, only dense tensors are"
+            )
+        raise TypeError(
+            f"{where}({argument}): a torch.Tensor with layout {values.layout} is not "
+            f"supported, only dense (torch.strided) tensors are: convert it with .to_dense()"
+        )
     if values.is_complex():
         raise TypeError(
             f"{where}({argument}): a complex tensor ({values.dtype}) is not a real number"
@@ -146,8 +158,9 @@ def add(stat: _core.Stat, v: Any) -> None:
         try:
             value = v.item()  # RuntimeError for more than one element
         except RuntimeError:
-            value = None
-        if value is None or type(value) is complex:
+            _check_values(v, "Stat.add", one_value=True)  # raises the clear error
+            raise  # a tensor the checks do not know: torch's own error
+        if type(value) is complex:
             _check_values(v, "Stat.add", one_value=True)  # raises the clear error
         stat.add(value)  # a Python number: the native path
         return

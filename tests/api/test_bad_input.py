@@ -7,9 +7,11 @@ from __future__ import annotations
 
 import contextlib
 import math
+import warnings
 from datetime import date, datetime, timedelta
 from typing import Any
 
+import numpy as np
 import pytest
 from hypothesis import assume, given
 from hypothesis import strategies as st
@@ -203,6 +205,51 @@ def test_stat_add_rejects_non_numbers_with_type_error(value: object) -> None:
         assert stat.count == 0
         stat.add(1.0)  # still usable; the rejected value was not folded in
         assert stat.get() == {SUM: 1.0, COUNT: 1.0}
+
+
+COMPLEX_SCALARS = [
+    pytest.param(lambda: np.complex64(1 + 2j), id="np.complex64"),
+    pytest.param(lambda: np.complex128(1 + 2j), id="np.complex128"),
+    pytest.param(lambda: np.clongdouble(1 + 2j), id="np.clongdouble"),
+    pytest.param(lambda: np.complex64(3), id="np.complex64 with no imaginary part"),
+    pytest.param(lambda: 1 + 2j, id="complex"),
+]
+
+
+@pytest.mark.parametrize("make", COMPLEX_SCALARS)
+def test_complex_scalars_are_type_errors_as_complex_tensors(make: Any) -> None:
+    # numpy's complex scalars have a __float__ that warns (ComplexWarning)
+    # and returns the real part: they must not get that far.
+    stat = Stat("s", [SUM], SECOND)
+    value = make()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with pytest.raises(TypeError, match=r"Stat\.add\(v\): v must be a real number, not a comp"):
+            stat.add(value)
+        with pytest.raises(
+            TypeError, match=r"add_many\(values\): values\[1\] must be a real number, not a complex"
+        ):
+            stat.add_many([1.0, value])
+        with pytest.raises(TypeError, match=r"add_many\(values\): values\[0\] .*complex"):
+            stat.add_many(np.array([value]))
+    assert caught == []
+    assert stat.count == 0
+
+
+@pytest.mark.parametrize("value", [10**400, -(2**1024), 2**1024 - 2**970], ids=repr)
+def test_an_int_beyond_the_float_range_is_named_as_such(value: int) -> None:
+    # TypeError as torch.monitor raises (its pybind11 overload does not
+    # match), with float()'s OverflowError as the cause.
+    stat = Stat("s", [SUM], SECOND)
+    message = "must be a real number, not an int too large to convert to float"
+    with pytest.raises(TypeError, match=rf"Stat\.add\(v\): v {message}") as raised:
+        stat.add(value)
+    assert isinstance(raised.value.__cause__, OverflowError)
+    with pytest.raises(TypeError, match=rf"Stat\.add_many\(values\): values\[1\] {message}"):
+        stat.add_many([1, value])
+    assert stat.count == 0
+    stat.add(2**1024 - 2**971)  # float(): 1.7976931348623157e+308
+    assert stat.count == 1
 
 
 def test_stat_add_rejects_a_tensor_with_more_than_one_element() -> None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import functools
 import math
+import warnings
 from collections.abc import Iterator
 from typing import Any
 
@@ -178,6 +179,55 @@ def test_bad_tensors_are_clear_errors_and_add_nothing(
     stat = torchmon.Stat("loss", [torchmon.SUM], 60.0)
     with pytest.raises(error, match=message):
         getattr(stat, call)(value())
+    assert stat.count == 0
+
+
+def _quietly(make: Any) -> Any:
+    """Builds a tensor of a beta/prototype layout without torch's warning
+    about the layout (the tests run with warnings as errors)."""
+
+    def build() -> Any:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)
+            return make()
+
+    return build
+
+
+_OTHER_LAYOUTS = {
+    "sparse_coo": (
+        _quietly(lambda: torch.tensor([1.0, 2.0]).to_sparse()),
+        r"a torch\.Tensor with layout torch\.sparse_coo",
+    ),
+    "sparse_csr": (
+        _quietly(lambda: torch.tensor([[1.0]]).to_sparse_csr()),
+        r"a torch\.Tensor with layout torch\.sparse_csr",
+    ),
+    "sparse_csc": (
+        _quietly(lambda: torch.tensor([[1.0]]).to_sparse_csc()),
+        r"a torch\.Tensor with layout torch\.sparse_csc",
+    ),
+    "nested": (
+        _quietly(lambda: torch.nested.nested_tensor([torch.tensor([1.0])])),
+        r"a nested torch\.Tensor \(layout torch\.strided\)",
+    ),
+    "jagged": (
+        _quietly(lambda: torch.nested.nested_tensor([torch.ones(1)], layout=torch.jagged)),
+        r"a nested torch\.Tensor \(layout torch\.jagged\)",
+    ),
+}
+
+
+@pytest.mark.parametrize("call", ["add", "add_many"])
+@pytest.mark.parametrize("layout", list(_OTHER_LAYOUTS))
+def test_tensors_of_other_layouts_are_type_errors_naming_the_layout(
+    layout: str, call: str, read_mode: str
+) -> None:
+    make, message = _OTHER_LAYOUTS[layout]
+    argument = "v" if call == "add" else "values"
+    stat = torchmon.Stat("loss", [torchmon.SUM], 60.0)
+    with pytest.raises(TypeError, match=rf"Stat\.{call}\({argument}\): {message}"):
+        getattr(stat, call)(make())
     assert stat.count == 0
 
 

@@ -5,13 +5,15 @@ run it (``python replay.py torchmon torch-2.13-vectors.jsonl --show 5``), and
 in-process, one test per scenario, so that a failure names its scenario and
 shows the first differing op.
 
-The vectors live beside the checkout (``../shared/conformance``); without
-that folder these tests skip.
+The vectors live beside the checkout (``../shared/conformance``), or where
+``TORCHMON_SHARED`` says; without that folder these tests skip.
 """
 
 from __future__ import annotations
 
 import gc
+import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -22,6 +24,37 @@ from support import assert_scenario_replays, load_conformance
 import torchmon
 
 replay, SCENARIOS = load_conformance()  # (None, []) without ../shared: tests skip
+
+
+def test_torchmon_shared_names_the_folder_of_a_checkout_without_one(
+    shared_dir: Path, tmp_path: Path
+) -> None:
+    """A fresh clone has no ../shared: TORCHMON_SHARED points the tests at
+    it, and the vectors' tests run instead of skipping (README.md)."""
+    tests = tmp_path / "clone" / "tests"
+    shutil.copytree(
+        Path(__file__).resolve().parents[1], tests, ignore=shutil.ignore_patterns("__pycache__")
+    )
+    assert not (tmp_path / "shared").exists()
+    argv = [
+        sys.executable,
+        "-m",
+        "pytest",
+        "-p",
+        "no:cacheprovider",
+        "-q",
+        "-rs",
+        "tests/conformance/test_conformance_vectors.py",
+        "-k",
+        "test_scenario_matches and public-213-0000",
+    ]
+    env = {k: v for k, v in os.environ.items() if k != "TORCHMON_SHARED"}
+    without = subprocess.run(argv, cwd=tests.parent, env=env, capture_output=True, text=True)
+    assert " passed" not in without.stdout, without.stdout  # no vectors, no such tests
+    env["TORCHMON_SHARED"] = str(shared_dir)
+    with_it = subprocess.run(argv, cwd=tests.parent, env=env, capture_output=True, text=True)
+    assert with_it.returncode == 0, with_it.stdout + with_it.stderr
+    assert "10 passed" in with_it.stdout, with_it.stdout
 
 
 def _replay_cli(shared_dir: Path, *args: str) -> subprocess.CompletedProcess[str]:

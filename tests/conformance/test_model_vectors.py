@@ -14,7 +14,10 @@ from . import model
 
 replay, SCENARIOS = load_conformance()
 if replay is None:
-    pytest.skip(f"conformance vectors not available in {CONFORMANCE}", allow_module_level=True)
+    pytest.skip(
+        f"conformance vectors not available in {CONFORMANCE} (set TORCHMON_SHARED)",
+        allow_module_level=True,
+    )
 
 
 @pytest.fixture(scope="module", autouse=True)

@@ -23,13 +23,20 @@ sys.meta_path.insert(0, Hide())
 
 
 @pytest.mark.parametrize(
-    ("module", "hidden", "extra"),
+    ("module", "hidden", "extra", "pip_names"),
     [
-        ("torchmon.integrations.transformers", ("transformers",), "transformers"),
-        ("torchmon.integrations.lightning", ("lightning",), "lightning"),
+        (
+            "torchmon.integrations.transformers",
+            ("transformers",),
+            "transformers",
+            "transformers accelerate",
+        ),
+        ("torchmon.integrations.lightning", ("lightning",), "lightning", "lightning"),
     ],
 )
-def test_a_missing_framework_names_the_extra(module: str, hidden: tuple[str], extra: str) -> None:
+def test_a_missing_framework_names_the_extra(
+    module: str, hidden: tuple[str], extra: str, pip_names: str
+) -> None:
     proc = run_python(
         HIDE.format(hidden=set(hidden))
         + f"""
@@ -44,7 +51,9 @@ else:
     )
     assert proc.returncode == 0, proc.stderr
     message = proc.stdout.strip()
-    assert f'pip install "torchmon[{extra}]"' in message, message
+    # Commands that work: torchmon is on no package index (README.md).
+    assert f"pip install {pip_names} (in a torchmon checkout: pip install '.[{extra}]')" in message
+    assert "torchmon[" not in message, message
     assert module in message, message
 
 
@@ -84,7 +93,8 @@ runpy.run_path({str(path)!r}, run_name="__main__")
     assert proc.returncode == 1, proc.stderr
     assert "Traceback" not in proc.stderr, proc.stderr
     assert f"this example needs {extra}" in proc.stderr
-    assert f'pip install "torchmon[{extra}]"' in proc.stderr
+    assert f"pip install '.[{extra}]'" in proc.stderr
+    assert "torchmon[" not in proc.stderr, proc.stderr
 
 
 def test_peak_memory_is_read_only_from_an_initialised_cuda() -> None:

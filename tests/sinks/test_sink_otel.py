@@ -322,6 +322,10 @@ s = m.Stat("s", [m.COUNT, m.P50], dt.timedelta(hours=1))
 for _ in range(500):
     s.add(1.0)
 m.flush()  # the window reaches the handler, which exports it
+# A window the handler holds unexported when the process forks: the exit
+# has something new to send (and the child would have, if it exported).
+t = m.Stat("t", [m.COUNT], dt.timedelta(hours=1), max_samples=1)
+t.add(1.0)
 pid = os.fork()
 if pid == 0:
     s.add(2.0)

@@ -95,3 +95,75 @@ def test_dead_collector_bounds_flush_and_exit(collector: object, tmp_path: Path)
     assert len(lines) == 1, lines
     written = [json.loads(line)["data"] for line in events.read_text().splitlines()]
     assert written == [{"loss.mean": 1.0}, {"loss.mean": 2.0}]
+
+
+# Nothing is recorded after the flush: neither a second flush nor the exit
+# has anything new to send, and neither waits for the silent collector again.
+CHILD_NOTHING_NEW = """
+import json, sys, time
+from datetime import timedelta
+import torchmon
+
+endpoint, timeout = sys.argv[1], float(sys.argv[2])
+otlp = torchmon.OpenTelemetryEventHandler.otlp(endpoint, export_timeout=timeout)
+torchmon.register_event_handler(otlp)
+stat = torchmon.Stat("loss", [torchmon.Aggregation.MEAN], timedelta(hours=1))
+stat.add(1.0)
+times = []
+for _ in range(2):
+    start = time.monotonic()
+    sent = torchmon.flush()
+    times.append(time.monotonic() - start)
+print(json.dumps({"flush_seconds": times, "sent": otlp.flush()}), flush=True)
+"""
+
+
+def test_nothing_recorded_since_a_failed_export_is_not_waited_for_again() -> None:
+    timeout = 3.0
+    with silent_listener() as endpoint:
+        child = subprocess.Popen(
+            [sys.executable, "-c", CHILD_NOTHING_NEW, endpoint, str(timeout)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        try:
+            line = child.stdout.readline()  # type: ignore[union-attr]
+            printed = time.monotonic()
+            _, stderr = child.communicate(timeout=120)
+            exit_seconds = time.monotonic() - printed
+        finally:
+            child.kill()
+    assert child.returncode == 0, stderr
+    result = json.loads(line)
+    first, second = result["flush_seconds"]
+    assert timeout - 0.1 <= first < timeout + 2.0, stderr
+    # The second flush and the exit: the interpreter's end only.
+    assert second < 0.5, stderr
+    assert result["sent"] is False  # the data are still not sent
+    assert exit_seconds < timeout / 2, stderr
+    reports = [line for line in stderr.splitlines() if line.startswith("torchmon:")]
+    assert len(reports) == 1 and "not sent" in reports[0], stderr
+
+
+def test_a_last_export_that_does_not_finish_by_the_exit_is_reported() -> None:
+    """The exit's own export (no flush before it) against a silent collector:
+    one line on stderr says what was not sent."""
+    code = (
+        "import sys, torchmon\n"
+        "otlp = torchmon.OpenTelemetryEventHandler.otlp(sys.argv[1], export_timeout=1.0)\n"
+        "torchmon.register_event_handler(otlp)\n"
+        "stat = torchmon.Stat('loss', [torchmon.Aggregation.MEAN], 3600.0)\n"
+        "stat.add(1.0)\n"
+    )
+    with silent_listener() as endpoint:
+        child = subprocess.run(
+            [sys.executable, "-c", code, endpoint], capture_output=True, text=True, timeout=120
+        )
+    assert child.returncode == 0, child.stderr
+    lines = child.stderr.splitlines()
+    assert len(lines) == 1, lines
+    assert lines[0].startswith("torchmon: OpenTelemetryEventHandler: the metrics since ")
+    # Usually "did not finish within export_timeout=1 s"; the exporter's own
+    # 1 s request timeout may win the race and name the timeout instead.
+    assert f"were not sent to {endpoint}: " in lines[0]

@@ -159,6 +159,32 @@ def test_quickstart_runs_and_reports_its_epochs(tmp_path: Path) -> None:
     assert [row[0] for row in epoch_rows] == ["0", "1"]
 
 
+def test_quickstart_writes_each_run_into_a_directory_of_its_own(tmp_path: Path) -> None:
+    """Two runs in one directory show in TensorBoard as one run, their points
+    mixed: by default each run gets a new one, which it prints."""
+    pytest.importorskip("tensorboardX")
+    written = []
+    for _ in range(2):
+        out = run_example("quickstart.py", "--epochs", "1", "--steps", "5", cwd=tmp_path)
+        (line,) = [line for line in out.splitlines() if line.startswith("writing TensorBoard")]
+        written.append(tmp_path / line.rpartition(" ")[2])
+    assert written[0] != written[1]
+    assert sorted(p.parent for p in written) == [tmp_path / "runs"] * 2
+    for logdir in written:
+        (events_file,) = logdir.iterdir()
+        assert events_file.name.startswith("events.out.tfevents.")
+    proc = subprocess.run(
+        [sys.executable, str(EXAMPLES / "quickstart.py"), "--logdir", str(written[0])],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        stdin=subprocess.DEVNULL,
+    )
+    assert proc.returncode == 2
+    assert "not empty" in proc.stderr
+
+
 def test_quickstart_prints_a_tensorboard_command_that_runs_as_printed(tmp_path: Path) -> None:
     """The venv running the tests need not be activated: the printed command
     names this Python's own tensorboard script, by a path that works from
@@ -177,6 +203,33 @@ def test_quickstart_prints_a_tensorboard_command_that_runs_as_printed(tmp_path: 
     found = shutil.which(program) if os.sep not in program else str(tmp_path / program)
     assert found is not None, f"{program!r} does not run from {tmp_path}"
     assert Path(found).resolve() == script.resolve()
+
+
+@pytest.mark.parametrize("name", ["hf_trainer.py", "lightning_trainer.py"])
+def test_trainer_examples_print_next_steps_that_run_as_printed(
+    name: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """As quickstart's: the venv need not be activated, the printed commands
+    name this Python's own scripts by a path that works from the current
+    directory. (The examples themselves need their frameworks; their
+    next_steps() needs nothing.)"""
+    import runpy
+
+    example = runpy.run_path(str(EXAMPLES / name), run_name="example")
+    monkeypatch.chdir(tmp_path)
+    summarize, tensorboard = example["next_steps"](tmp_path / "run dir")
+    expected = {"torchmon": summarize, "tensorboard": tensorboard}
+    for script_name, line in expected.items():
+        script = Path(sys.executable).parent / script_name
+        if not script.is_file():
+            assert f"{shlex.quote(sys.executable)} -m " in line
+            continue
+        program = shlex.split(line)[0]
+        found = shutil.which(program) if os.sep not in program else str(tmp_path / program)
+        assert found is not None, f"{program!r} does not run from {tmp_path}"
+        assert Path(found).resolve() == script.resolve()
+    assert shlex.split(summarize)[1:] == ["summarize", f"{tmp_path}/run dir/events-rank*.jsonl"]
+    assert shlex.split(tensorboard)[-2:] == ["--logdir", f"{tmp_path}/run dir"]
 
 
 @pytest.mark.parametrize("name", ["torchrun_prometheus.py", "preemptible_training.py"])

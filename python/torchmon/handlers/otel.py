@@ -378,6 +378,28 @@ _EXPORT_LOGGERS = (
 _exporting = threading.local()
 
 
+class _Progress:
+    """What a handler recorded and what its exports carried, so that close()
+    and flush() do not wait a second time for data an export already
+    waited for (a silent collector costs export_timeout per export):
+
+    - ``recorded``: Stat events recorded so far;
+    - ``settled``: the ``recorded`` of the latest finished export (success
+      or failure): its data, or later data, were offered to the collector;
+    - ``closing``: the handler is closing, its last export comes next.
+    """
+
+    __slots__ = ("closing", "recorded", "settled")
+
+    def __init__(self) -> None:
+        self.recorded = 0
+        self.settled = 0
+        self.closing = False
+
+    def nothing_new(self) -> bool:
+        return self.recorded == self.settled
+
+
 class _MuteOwnExports(logging.Filter):
     """Drops the SDK's records on a thread inside one of our exports,
     keeping the last one's text as the failure's reason."""
@@ -423,17 +445,33 @@ def _make_exporter_class() -> Any:
         """Wraps the user's exporter: each export's outcome goes to the
         handler's ``_outcome`` (one stderr line per outage)."""
 
-        def __init__(self, inner: MetricExporter, outcome: Callable[[bool, str], None]) -> None:
+        def __init__(
+            self,
+            inner: MetricExporter,
+            outcome: Callable[[bool, str], None],
+            progress: _Progress,
+        ) -> None:
             super().__init__(
                 preferred_temporality=getattr(inner, "_preferred_temporality", None),
                 preferred_aggregation=getattr(inner, "_preferred_aggregation", None),
             )
             self.inner = inner
             self._outcome = outcome
+            self._progress = progress
 
         def export(
             self, metrics_data: MetricsData, timeout_millis: float = 10_000, **kwargs: Any
         ) -> Any:
+            progress = self._progress
+            # What the collection held (set by the reader when it started).
+            carried = getattr(_exporting, "collected", progress.recorded)
+            on_demand = progress.closing or getattr(_exporting, "on_demand", False)
+            if on_demand and carried == progress.settled:
+                # flush() or the last export at close, with nothing recorded
+                # since the previous export finished, which already waited
+                # for (or delivered) this very data. (A periodic export still
+                # goes: it keeps the gauges' series alive.)
+                return MetricExportResult.SUCCESS
             _exporting.active, _exporting.reason = True, ""
             try:
                 result = self.inner.export(metrics_data, timeout_millis=timeout_millis, **kwargs)
@@ -441,6 +479,7 @@ def _make_exporter_class() -> Any:
                 result, _exporting.reason = MetricExportResult.FAILURE, repr(exc)
             finally:
                 _exporting.active = False
+                progress.settled = max(progress.settled, carried)
             self._outcome(result == MetricExportResult.SUCCESS, _exporting.reason)
             return result
 
@@ -459,6 +498,7 @@ _reader_class: Any = None
 def _periodic_reader(
     exporter: MetricExporter,
     histograms: _Histograms,
+    progress: _Progress,
     interval_ms: float | None,
     timeout_ms: float | None,
 ) -> Any:
@@ -476,14 +516,27 @@ def _periodic_reader(
                 self,
                 exporter: MetricExporter,
                 histograms: _Histograms,
+                progress: _Progress,
                 interval_ms: float | None,
                 timeout_ms: float | None,
             ) -> None:
                 # Set before the base class starts the exporting thread.
                 self._torchmon_histograms = histograms
+                self._torchmon_progress = progress
                 super().__init__(
                     exporter, export_interval_millis=interval_ms, export_timeout_millis=timeout_ms
                 )
+
+            # The SDK marks collect() final (typing only) to keep its
+            # signature; this one keeps it and calls it. Read before
+            # collecting: an event recorded during the collection may be
+            # missing from it, so it must count as new (_ReportingExporter).
+            def collect(self, timeout_millis: float = 10_000) -> None:  # type: ignore[misc]
+                _exporting.collected = self._torchmon_progress.recorded
+                try:
+                    super().collect(timeout_millis)
+                finally:
+                    del _exporting.collected
 
             def _receive_metrics(
                 self, metrics_data: MetricsData, timeout_millis: float = 10_000, **kwargs: Any
@@ -492,7 +545,7 @@ def _periodic_reader(
                 super()._receive_metrics(metrics_data, timeout_millis, **kwargs)
 
         _reader_class = _Reader
-    return _reader_class(exporter, histograms, interval_ms, timeout_ms)
+    return _reader_class(exporter, histograms, progress, interval_ms, timeout_ms)
 
 
 def _close_at_exit(handler: OpenTelemetryEventHandler) -> Callable[[], None]:
@@ -577,7 +630,8 @@ class OpenTelemetryEventHandler(ClosesOnExit):
 
     - ``export_timeout``: with an exporter, how long :meth:`flush` and
       :meth:`close` (so the process exit) wait for an export, retries
-      included, in seconds (default 5). An export that failed or did not
+      included, in seconds (default 5); neither exports (nor waits) when
+      nothing was recorded since the previous export finished. An export that failed or did not
       finish in time is reported as one line on stderr, naming the
       destination and the metrics not sent; the next one only after an
       export succeeded again (docs/sinks.md, "Unreachable collector").
@@ -611,7 +665,9 @@ class OpenTelemetryEventHandler(ClosesOnExit):
         "_lock",
         "_meter",
         "_owner_pid",
+        "_progress",
         "_provider",
+        "_reader",
         "_sources",
     )
 
@@ -651,6 +707,8 @@ class OpenTelemetryEventHandler(ClosesOnExit):
         self._failing = False
         self._last_export = time.time()
         self._destination = ""
+        self._progress = _Progress()
+        self._reader: Any = None
         if exporter is not None:
             timeout_ms = _seconds_to_ms(export_timeout, "export_timeout")
             self._export_timeout = (
@@ -752,12 +810,13 @@ class OpenTelemetryEventHandler(ClosesOnExit):
         endpoint = getattr(exporter, "_endpoint", None)
         self._destination = endpoint if isinstance(endpoint, str) else type(exporter).__name__
         _install_mute()
-        reporting = _exporter_class()(exporter, self._export_outcome)
+        reporting = _exporter_class()(exporter, self._export_outcome, self._progress)
         if interval_ms is not None and interval_ms == math.inf:
             interval_ms = _NEVER_MS
         reader = _periodic_reader(
-            reporting, self._histograms, interval_ms, self._export_timeout * 1000.0
+            reporting, self._histograms, self._progress, interval_ms, self._export_timeout * 1000.0
         )
+        self._reader = reader
         # Not the provider's own exit hook: close() bounds the last export.
         self._provider = MeterProvider(
             metric_readers=[reader], resource=resource, shutdown_on_exit=False
@@ -891,6 +950,7 @@ class OpenTelemetryEventHandler(ClosesOnExit):
     def __call__(self, event: Event) -> None:
         if event.name != STAT_EVENT or self._closed or self._inherited():
             return
+        self._progress.recorded += 1
         # finite_only: the SDK would drop NaN and the infinities, logging a warning each time.
         set_numeric_values(event.data, self._gauge, self._set, finite_only=True)
         histograms = self._histograms
@@ -923,8 +983,21 @@ class OpenTelemetryEventHandler(ClosesOnExit):
         provider = self._provider
         if provider is None or self._closed or self._inherited():
             return True
+        if self._progress.nothing_new():
+            # The last export (periodic or flush) carried everything
+            # recorded: another would send nothing new, and, with a silent
+            # collector, wait export_timeout again.
+            return not self._failing
         seconds = self._export_timeout if timeout is None else timeout
-        ok = self._bounded(lambda: provider.force_flush(timeout_millis=seconds * 1000.0), seconds)
+
+        def export_now() -> None:
+            _exporting.on_demand = True
+            try:
+                provider.force_flush(timeout_millis=seconds * 1000.0)
+            finally:
+                _exporting.on_demand = False
+
+        ok = self._bounded(export_now, seconds)
         return ok and not self._failing
 
     def close(self) -> None:
@@ -951,7 +1024,9 @@ class OpenTelemetryEventHandler(ClosesOnExit):
             # them waiting until the process is killed.
             _flush_local_sinks()
         reader_thread = self._reader_thread()
-        # The reader's thread makes the last export; the shutdown waits for
+        self._progress.closing = True
+        # The reader's thread makes the last export (none when nothing was
+        # recorded since the previous one finished: _ReportingExporter); the shutdown waits for
         # it at most export_timeout, then shuts the exporter down (which
         # stops its retries).
         provider.shutdown(timeout_millis=self._export_timeout * 1000.0)
@@ -959,13 +1034,10 @@ class OpenTelemetryEventHandler(ClosesOnExit):
             self._report(f"did not finish within export_timeout={self._export_timeout:g} s")
 
     def _reader_thread(self) -> threading.Thread | None:
-        provider = self._provider
-        readers = getattr(getattr(provider, "_sdk_config", None), "metric_readers", ())
-        for reader in readers:
-            thread = getattr(reader, "_daemon_thread", None)
-            if isinstance(thread, threading.Thread):
-                return thread
-        return None
+        # Kept from _own_provider: the SDK's MeterProvider no longer lists
+        # its readers in _sdk_config (opentelemetry-sdk 1.45).
+        thread = getattr(self._reader, "_daemon_thread", None)
+        return thread if isinstance(thread, threading.Thread) else None
 
     def _bounded(self, work: Callable[[], object], seconds: float) -> bool:
         """Runs ``work`` on a helper thread, waiting ``seconds`` at most; it

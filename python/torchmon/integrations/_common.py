@@ -48,14 +48,17 @@ PEAK_MEMORY_AGGREGATIONS = (Aggregation.MAX, Aggregation.VALUE)
 _clock = time.perf_counter
 
 
-def import_framework(module: str, extra: str, owner: str) -> ModuleType:
-    """``module`` imported, or an ImportError naming the extra to install."""
+def import_framework(module: str, extra: str, owner: str, *, pip_names: str) -> ModuleType:
+    """``module`` imported, or an ImportError naming the ``pip install`` that
+    provides it: the packages of the extra, and the extra itself for a
+    checkout (torchmon is on no package index, README.md "Installing", so
+    ``pip install "torchmon[<extra>]"`` finds nothing)."""
     try:
         return importlib.import_module(module)
     except ImportError as exc:
         raise ImportError(
             f"{owner} needs {module}, which cannot be imported ({exc}): "
-            f'pip install "torchmon[{extra}]"'
+            f"pip install {pip_names} (in a torchmon checkout: pip install '.[{extra}]')"
         ) from exc
 
 

@@ -2,7 +2,7 @@
 ``self.log`` logs, and the step timings, as windowed Stats (docs/integrations.md).
 
 ``Trainer(logger=TorchmonLogger("torchmon"), callbacks=[TorchmonCallback()])``:
-needs ``pip install "torchmon[lightning]"``.
+needs lightning (``pip install ".[lightning]"`` in the torchmon checkout).
 """
 
 from __future__ import annotations
@@ -31,7 +31,9 @@ from ._common import (
     peak_memory_bytes,
 )
 
-_pytorch = import_framework("lightning.pytorch", "lightning", "torchmon.integrations.lightning")
+_pytorch = import_framework(
+    "lightning.pytorch", "lightning", "torchmon.integrations.lightning", pip_names="lightning"
+)
 _Logger: Any = _pytorch.loggers.Logger
 _Callback: Any = _pytorch.Callback
 

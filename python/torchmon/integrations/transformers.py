@@ -2,7 +2,8 @@
 as windowed Stats, for the Hugging Face ``Trainer`` (docs/integrations.md).
 
 ``Trainer(..., callbacks=[TorchmonCallback(log_dir="torchmon")])``: needs
-``pip install "torchmon[transformers]"`` (transformers and accelerate).
+transformers and accelerate (``pip install ".[transformers]"`` in the
+torchmon checkout).
 """
 
 from __future__ import annotations
@@ -30,7 +31,10 @@ from ._common import (
 )
 
 _TrainerCallback: Any = import_framework(
-    "transformers", "transformers", "torchmon.integrations.transformers"
+    "transformers",
+    "transformers",
+    "torchmon.integrations.transformers",
+    pip_names="transformers accelerate",
 ).TrainerCallback
 
 __all__ = ["TorchmonCallback"]
