@@ -1,6 +1,6 @@
 """What the torchmon command does with input that is no ordinary log file:
-a line without end (/dev/zero), a FIFO without a writer, a pipe
-(docs/cli.md, "Input"). Run as a user runs it: the console script in a
+a line without end (/dev/zero), a FIFO without a writer, a pipe, NaN
+values (docs/cli.md, "Input"). Run as a user runs it: the console script in a
 subprocess, with a timeout wherever a hang is the failure, and an
 address-space limit wherever unbounded memory is."""
 
@@ -281,3 +281,35 @@ def test_a_foreign_file_through_a_pipe_is_refused(tmp_path: Path) -> None:
     )
     assert result.returncode == 2, result.stderr
     assert "not a JSON-lines log" in result.stderr
+
+
+# --- NaN values ----------------------------------------------------------------
+
+
+def test_to_tensorboard_says_once_how_many_values_were_nan_or_infinite(tmp_path: Path) -> None:
+    pytest.importorskip("tensorboardX")
+    log = tmp_path / "nan.jsonl"
+    log.write_text(
+        "".join(
+            event_line(
+                STAT,
+                {"a.mean": {"$float": "nan"}, "b.max": {"$float": "inf"}, "c.min": 1.0},
+                i,
+            )
+            for i in range(40)
+        ),
+        encoding="utf-8",
+    )
+    result = run_cli("to-tensorboard", str(log), str(tmp_path / "tb"))
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.startswith("wrote 120 scalars")
+    assert result.stderr.splitlines() == [
+        "torchmon to-tensorboard: 80 values were NaN or infinite; written as they are"
+    ]
+
+
+def test_to_tensorboard_without_nan_says_nothing_of_it(tmp_path: Path, small_log: Path) -> None:
+    pytest.importorskip("tensorboardX")
+    result = run_cli("to-tensorboard", str(small_log), str(tmp_path / "tb"))
+    assert result.returncode == 0, result.stderr
+    assert result.stderr == ""
