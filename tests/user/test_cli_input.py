@@ -1,8 +1,8 @@
 """What the torchmon command does with input that is no ordinary log file:
 a line without end (/dev/zero), a FIFO without a writer, a pipe, NaN
-values (docs/cli.md, "Input"). Run as a user runs it: the console script in a
-subprocess, with a timeout wherever a hang is the failure, and an
-address-space limit wherever unbounded memory is."""
+values, control characters in names (docs/cli.md, "Input"). Run as a user
+runs it: the console script in a subprocess, with a timeout wherever a hang
+is the failure, and an address-space limit wherever unbounded memory is."""
 
 from __future__ import annotations
 
@@ -313,3 +313,42 @@ def test_to_tensorboard_without_nan_says_nothing_of_it(tmp_path: Path, small_log
     result = run_cli("to-tensorboard", str(small_log), str(tmp_path / "tb"))
     assert result.returncode == 0, result.stderr
     assert result.stderr == ""
+
+
+# --- control characters --------------------------------------------------------
+
+
+def test_summarize_escapes_control_characters_of_names_and_data(tmp_path: Path) -> None:
+    log = tmp_path / "evil.jsonl"
+    log.write_text(
+        event_line(STAT, {"evil\x1b[2J\x9b31m\x7f.mean": 1.0, "naïve_ünïcode_名前.mean": 2.0})
+        + event_line("ev\x1b]0;title\x07", {"k\x1b[1m": "v\x1b[2J", "t\tn\n": 1}),
+        encoding="utf-8",
+    )
+    result = run_cli("summarize", str(log))
+    assert result.returncode == 0, result.stderr
+    for control in ("\x1b", "\x9b", "\x07", "\x7f"):
+        assert control not in result.stdout
+    assert "evil\\x1b[2J\\x9b31m\\x7f  mean" in result.stdout
+    assert "naïve_ünïcode_名前" in result.stdout
+    assert "ev\\x1b]0;title\\x07" in result.stdout
+    assert "k\\x1b[1m='v\\x1b[2J'" in result.stdout
+    assert "t\\tn\\n=1" in result.stdout
+    # The columns line up: escaped names are measured as printed.
+    stat_lines = result.stdout.split("\n\n")[0].splitlines()
+    assert len({line.index("mean") for line in stat_lines[1:]}) == 1
+
+
+def test_error_messages_escape_control_characters(tmp_path: Path) -> None:
+    missing = tmp_path / "x\x1b[2J.jsonl"
+    result = run_cli("summarize", str(missing))
+    assert result.returncode == 2
+    assert "\x1b" not in result.stderr
+    assert "x\\x1b[2J.jsonl: no such file" in result.stderr
+
+    torn = tmp_path / "torn.jsonl"
+    bad = json.dumps({"name": "x", "timestamp": "\x1b[2J", "data": {}})
+    torn.write_text(event_line(STAT, {"a.mean": 1.0}) + bad + "\n", encoding="utf-8")
+    for strict in ((), ("--strict",)):
+        result = run_cli("summarize", str(torn), *strict)
+        assert "\x1b" not in result.stderr, result.stderr

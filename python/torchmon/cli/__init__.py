@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from typing import Callable, TextIO
 
 from . import demo, summarize, to_tensorboard
-from ._common import _EXIT_ERROR, _EXIT_USAGE, _CliError
+from ._common import _EXIT_ERROR, _EXIT_USAGE, _CliError, _printable
 
 __all__ = ["main"]
 
@@ -53,7 +53,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return run(args, out, err)
     except _CliError as exc:
-        print(f"torchmon {args.command}: {exc}", file=err)
+        # The message may quote the input: a path, a line, a key.
+        print(_printable(f"torchmon {args.command}: {exc}"), file=err)
         return exc.code
     except BrokenPipeError:  # `torchmon summarize x.jsonl | head`
         # Python would report the pipe again when it flushes stdout at exit.

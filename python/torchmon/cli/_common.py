@@ -8,6 +8,7 @@ import importlib
 import io
 import itertools
 import os
+import re
 import stat
 from collections.abc import Iterator
 from typing import Any
@@ -27,6 +28,26 @@ class _CliError(Exception):
     def __init__(self, message: str, code: int = _EXIT_USAGE) -> None:
         super().__init__(message)
         self.code = code
+
+
+# --- printing what came from the input ------------------------------------
+
+#: C0 controls, DEL and C1 controls: what a terminal may act on (ESC starts
+#: an escape sequence, and so does CSI, U+009B, in an 8-bit terminal).
+_CONTROLS = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+_CONTROL_ESCAPES = {"\t": "\\t", "\n": "\\n", "\r": "\\r"}
+
+
+def _printable(text: str) -> str:
+    """``text`` with its control characters written as ``repr`` writes them
+    (``\\x1b``, ``\\n``), so that a Stat name, a key or a path from the input
+    cannot move the cursor or clear the screen; every other character,
+    non-ASCII ones included, as it is (docs/cli.md)."""
+    if _CONTROLS.search(text) is None:
+        return text
+    return _CONTROLS.sub(
+        lambda m: _CONTROL_ESCAPES.get(m.group(), f"\\x{ord(m.group()):02x}"), text
+    )
 
 
 # --- reading a JSON-lines log ---------------------------------------------

@@ -14,6 +14,7 @@ from ._common import (
     _EXIT_OK,
     _CliError,
     _Log,
+    _printable,
     _summary_writer,
     _tensorboard_handler,
 )
@@ -143,8 +144,10 @@ def run(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     finally:
         logging.getLogger(_NAN_LOGGER).removeFilter(nan_filter)
     print(
-        f"wrote {writer.scalars} scalars to {args.logdir} "
-        f"({from_stats} from Stat events, {writer.scalars - from_stats} from other events)",
+        _printable(
+            f"wrote {writer.scalars} scalars to {args.logdir} "
+            f"({from_stats} from Stat events, {writer.scalars - from_stats} from other events)"
+        ),
         file=out,
     )
     if writer.non_finite:
