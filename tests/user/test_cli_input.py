@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import threading
@@ -352,3 +353,51 @@ def test_error_messages_escape_control_characters(tmp_path: Path) -> None:
     for strict in ((), ("--strict",)):
         result = run_cli("summarize", str(torn), *strict)
         assert "\x1b" not in result.stderr, result.stderr
+
+
+# --- Ctrl-C --------------------------------------------------------------------
+
+
+def wait_until_open(pid: int, path: Path, timeout: float = 30.0) -> None:
+    """Waits until process ``pid`` has ``path`` open (its /proc/PID/fd)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        for fd in Path(f"/proc/{pid}/fd").iterdir():
+            try:
+                if os.readlink(fd) == str(path):
+                    return
+            except OSError:
+                pass
+        time.sleep(0.05)
+    raise AssertionError(f"{pid} did not open {path} within {timeout} s")
+
+
+@pytest.mark.parametrize("command", ["summarize", "to-tensorboard"])
+def test_ctrl_c_while_waiting_for_a_pipe_exits_130_in_one_line(
+    tmp_path: Path, command: str
+) -> None:
+    if command == "to-tensorboard":
+        pytest.importorskip("tensorboardX")
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    logdir = tmp_path / "tb"
+    args = [str(fifo)] + ([str(logdir)] if command == "to-tensorboard" else [])
+    # This process has the FIFO open for writing, and writes nothing.
+    held = os.open(fifo, os.O_RDWR)
+    try:
+        proc = subprocess.Popen(
+            [TORCHMON, command, *args],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        wait_until_open(proc.pid, fifo)
+        time.sleep(0.5)
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=30)
+    finally:
+        os.close(held)
+    assert proc.returncode == 130, err
+    assert err.splitlines() == [f"torchmon {command}: interrupted"]
+    assert not logdir.exists()

@@ -138,7 +138,9 @@ def run(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
         finally:
             progress.clear()
             writer.close()
-    except _CliError:
+    except (_CliError, KeyboardInterrupt):
+        # Interrupted too: a partial conversion left behind would make the
+        # next run refuse LOGDIR ("already holds ... event file(s)").
         _undo(logdir, made, before)
         raise
     finally:
