@@ -4,6 +4,7 @@ they report, reading a JSON-lines log, and the TensorBoard writer and handler
 
 from __future__ import annotations
 
+import functools
 import importlib
 import io
 import itertools
@@ -11,10 +12,12 @@ import os
 import re
 import stat
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 from .._core import Event
-from ..handlers.jsonl import JsonlReader
+
+if TYPE_CHECKING:
+    from ..handlers.jsonl import JsonlReader
 
 _EXIT_OK = 0
 _EXIT_ERROR = 1
@@ -188,17 +191,28 @@ def _is_anonymous_pipe(fd: int) -> bool:
         return False
 
 
-class _CheckedReader(JsonlReader[Any]):
+def _checked_reader(file: _LineFile, errors: str, distributions: bool) -> JsonlReader[Any]:
     """read_jsonl's reader, over a file _open_log opened and checked."""
+    return cast("JsonlReader[Any]", _checked_reader_class()(file, errors, distributions))
 
-    __slots__ = ("_file",)
 
-    def __init__(self, file: _LineFile, errors: str, distributions: bool) -> None:
-        self._file = file
-        super().__init__(file._path, errors, distributions)
+@functools.cache
+def _checked_reader_class() -> Any:
+    # Made on first use: importing the JSON-lines handler at import time
+    # would add 20 ms to every command, `torchmon --version` included.
+    from ..handlers.jsonl import JsonlReader
 
-    def _open(self) -> _LineFile:
-        return self._file
+    class _CheckedReader(JsonlReader[Any]):
+        __slots__ = ("_file",)
+
+        def __init__(self, file: _LineFile, errors: str, distributions: bool) -> None:
+            self._file = file
+            super().__init__(file._path, errors, distributions)
+
+        def _open(self) -> _LineFile:
+            return self._file
+
+    return _CheckedReader
 
 
 def _read_events(path: str) -> list[Event]:
@@ -223,7 +237,7 @@ class _Log:
             self._file.close()
             raise _CliError(f"{path}: cannot read: {exc.strerror or exc}") from None
         self.records = 0
-        self._reader = _CheckedReader(self._file, errors, distributions)
+        self._reader = _checked_reader(self._file, errors, distributions)
 
     @property
     def skipped(self) -> int:
