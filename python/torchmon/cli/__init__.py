@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from typing import Callable, TextIO
 
 from . import demo, summarize, to_tensorboard
-from ._common import _EXIT_ERROR, _EXIT_USAGE, _CliError
+from ._common import _EXIT_ERROR, _EXIT_INTERRUPTED, _EXIT_USAGE, _CliError, _printable
 
 __all__ = ["main"]
 
@@ -53,8 +53,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return run(args, out, err)
     except _CliError as exc:
-        print(f"torchmon {args.command}: {exc}", file=err)
+        # The message may quote the input: a path, a line, a key.
+        print(_printable(f"torchmon {args.command}: {exc}"), file=err)
         return exc.code
+    except KeyboardInterrupt:  # Ctrl-C while reading a slow pipe, a long log
+        print(f"torchmon {args.command}: interrupted", file=err)
+        return _EXIT_INTERRUPTED
     except BrokenPipeError:  # `torchmon summarize x.jsonl | head`
         # Python would report the pipe again when it flushes stdout at exit.
         try:

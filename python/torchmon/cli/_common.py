@@ -4,14 +4,20 @@ they report, reading a JSON-lines log, and the TensorBoard writer and handler
 
 from __future__ import annotations
 
+import functools
 import importlib
+import io
 import itertools
 import os
+import re
+import stat
 from collections.abc import Iterator
-from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 from .._core import Event
+
+if TYPE_CHECKING:
+    from ..handlers.jsonl import JsonlReader
 
 _EXIT_OK = 0
 _EXIT_ERROR = 1
@@ -27,7 +33,186 @@ class _CliError(Exception):
         self.code = code
 
 
+# --- printing what came from the input ------------------------------------
+
+#: C0 controls, DEL and C1 controls: what a terminal may act on (ESC starts
+#: an escape sequence, and so does CSI, U+009B, in an 8-bit terminal).
+_CONTROLS = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+_CONTROL_ESCAPES = {"\t": "\\t", "\n": "\\n", "\r": "\\r"}
+
+
+def _printable(text: str) -> str:
+    """``text`` with its control characters written as ``repr`` writes them
+    (``\\x1b``, ``\\n``), so that a Stat name, a key or a path from the input
+    cannot move the cursor or clear the screen; every other character,
+    non-ASCII ones included, as it is (docs/cli.md)."""
+    if _CONTROLS.search(text) is None:
+        return text
+    return _CONTROLS.sub(
+        lambda m: _CONTROL_ESCAPES.get(m.group(), f"\\x{ord(m.group()):02x}"), text
+    )
+
+
 # --- reading a JSON-lines log ---------------------------------------------
+
+#: The longest line a log may hold, its newline included. JsonlEventHandler's
+#: longest line is a Stat window with a stored distribution whose every one
+#: of the 268,546 scale-6 buckets is filled: 7.9 MB with 20-digit counts
+#: (typical lines are a few hundred bytes). Twice that refuses no log it
+#: wrote, while a "line" without end (/dev/zero, a binary file) is refused
+#: after 16 MiB instead of being read whole into memory (docs/cli.md).
+_MAX_LINE_BYTES = 16 << 20
+#: The first bytes of a log kept to tell a foreign file by (_check_not_foreign).
+_HEAD_BYTES = 4096
+
+
+class _FifoRaw(io.RawIOBase):
+    """A FIFO's file descriptor, with the bytes read before it was known to
+    have a writer put back in front."""
+
+    def __init__(self, fd: int, prefix: bytes) -> None:
+        super().__init__()
+        self._fd = fd
+        self._prefix = prefix
+
+    def readable(self) -> bool:
+        return True
+
+    def fileno(self) -> int:
+        return self._fd
+
+    def readinto(self, buffer: Any) -> int:
+        if self._prefix:
+            n = min(len(buffer), len(self._prefix))
+            buffer[:n] = self._prefix[:n]
+            self._prefix = self._prefix[n:]
+            return n
+        return os.readv(self._fd, [buffer])
+
+    def close(self) -> None:
+        if not self.closed:
+            os.close(self._fd)
+        super().close()
+
+
+class _LineFile:
+    """The lines of an open log, each read with at most _MAX_LINE_BYTES in
+    memory: a longer one ends the reading with a _CliError naming the file
+    and the line. Keeps the first _HEAD_BYTES bytes read (``head``)."""
+
+    def __init__(self, path: str, file: io.BufferedReader) -> None:
+        self._path = path
+        self._file = file
+        self.head = b""
+
+    def __enter__(self) -> _LineFile:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self._file.close()
+
+    def __iter__(self) -> Iterator[bytes]:
+        readline = self._file.readline
+        limit = _MAX_LINE_BYTES
+        lineno = 0
+        while True:
+            raw = readline(limit + 1)
+            if not raw:
+                return
+            lineno += 1
+            if len(raw) > limit:
+                raise _CliError(
+                    f"{self._path}:{lineno}: a line longer than {limit >> 20} MiB, the "
+                    "longest a JSON-lines log may hold: not a JSON-lines log"
+                )
+            if len(self.head) < _HEAD_BYTES:
+                self.head += raw[: _HEAD_BYTES - len(self.head)]
+            yield raw
+
+
+def _open_log(path: str) -> _LineFile:
+    """``path`` opened for reading, or a _CliError: a directory is no log,
+    and a FIFO that no program has open for writing is refused at once
+    rather than waited on for ever (docs/cli.md, "Input")."""
+    try:
+        # O_NONBLOCK: opening a FIFO does not wait for a writer. It is
+        # cleared again below, so reads wait for data as usual.
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    except FileNotFoundError:
+        raise _CliError(f"{path}: no such file") from None
+    except IsADirectoryError:
+        raise _CliError(f"{path}: is a directory, not a JSON-lines file") from None
+    except OSError as exc:
+        raise _CliError(f"{path}: cannot read: {exc.strerror or exc}") from None
+    try:
+        mode = os.fstat(fd).st_mode
+        if stat.S_ISDIR(mode):
+            raise _CliError(f"{path}: is a directory, not a JSON-lines file")
+        if not stat.S_ISFIFO(mode):
+            os.set_blocking(fd, True)
+            return _LineFile(path, open(fd, "rb", closefd=True))
+        prefix = _fifo_start(path, fd)
+        os.set_blocking(fd, True)
+        return _LineFile(path, io.BufferedReader(_FifoRaw(fd, prefix)))
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def _fifo_start(path: str, fd: int) -> bytes:
+    """The first bytes of a FIFO opened without waiting, read without
+    waiting: none while its writer has written nothing yet; a _CliError
+    when it has no writer (a read gives end-of-file then)."""
+    try:
+        first = os.read(fd, 1 << 16)
+    except BlockingIOError:  # a writer, nothing written yet
+        return b""
+    except OSError as exc:
+        raise _CliError(f"{path}: cannot read: {exc.strerror or exc}") from None
+    if first or _is_anonymous_pipe(fd):
+        # An anonymous pipe (`torchmon summarize <(zcat log.gz)`) gets no
+        # writer later: end-of-file is its end, an empty log.
+        return first
+    raise _CliError(
+        f"{path}: a FIFO that no program has open for writing: start its writer "
+        "first, or give a program's output as <(program)"
+    )
+
+
+def _is_anonymous_pipe(fd: int) -> bool:
+    """Whether ``fd`` is a pipe with no name in the file system (Linux's
+    /proc says "pipe:[inode]"); False where that cannot be told."""
+    try:
+        return os.readlink(f"/proc/self/fd/{fd}").startswith("pipe:")
+    except OSError:
+        return False
+
+
+def _checked_reader(file: _LineFile, errors: str, distributions: bool) -> JsonlReader[Any]:
+    """read_jsonl's reader, over a file _open_log opened and checked."""
+    return cast("JsonlReader[Any]", _checked_reader_class()(file, errors, distributions))
+
+
+@functools.cache
+def _checked_reader_class() -> Any:
+    # Made on first use: importing the JSON-lines handler at import time
+    # would add 20 ms to every command, `torchmon --version` included.
+    from ..handlers.jsonl import JsonlReader
+
+    class _CheckedReader(JsonlReader[Any]):
+        __slots__ = ("_file",)
+
+        def __init__(self, file: _LineFile, errors: str, distributions: bool) -> None:
+            self._file = file
+            super().__init__(file._path, errors, distributions)
+
+        def _open(self) -> _LineFile:
+            return self._file
+
+    return _CheckedReader
 
 
 def _read_events(path: str) -> list[Event]:
@@ -44,20 +229,15 @@ class _Log:
     (docs/cli.md: a malformed file exits with code 2)."""
 
     def __init__(self, path: str, errors: str, *, distributions: bool) -> None:
-        from ..handlers.jsonl import read_jsonl
-
-        file = Path(path)
-        if not file.exists():
-            raise _CliError(f"{path}: no such file")
-        if file.is_dir():
-            raise _CliError(f"{path}: is a directory, not a JSON-lines file")
+        self._file = _open_log(path)
         self.path = path
         try:
-            self.size = file.stat().st_size
+            self.size = os.fstat(self._file._file.fileno()).st_size
         except OSError as exc:
+            self._file.close()
             raise _CliError(f"{path}: cannot read: {exc.strerror or exc}") from None
         self.records = 0
-        self._reader = read_jsonl(path, errors=errors, distributions=distributions)
+        self._reader = _checked_reader(self._file, errors, distributions)
 
     @property
     def skipped(self) -> int:
@@ -97,11 +277,8 @@ class _Log:
                 f"{self.path}: not a JSON-lines log: no line holds an event "
                 f"(the {lines} unreadable; the first: {self.first_skipped})"
             )
-        try:
-            with open(self.path, "rb") as file:
-                head = file.read(4096).lstrip(b" \t\r\n")
-        except OSError as exc:
-            raise _CliError(f"{self.path}: cannot read: {exc.strerror or exc}") from None
+        # The bytes already read: a FIFO cannot be read again.
+        head = self._file.head.lstrip(b" \t\r\n")
         if head and not head.startswith(b"{"):
             raise _CliError(
                 f"{self.path}: not a JSON-lines log: it does not start with a JSON object "

@@ -11,7 +11,7 @@ from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any, TextIO
 
 from .._core import _AGGREGATION_KEY_SUFFIXES, STAT_EVENT, Event
-from ._common import _EXIT_OK, _Log
+from ._common import _EXIT_OK, _Log, _printable
 
 if TYPE_CHECKING:
     from .._distribution import Distribution
@@ -448,6 +448,8 @@ def _write_table(
     """Aligned columns: text left-aligned, numbers right-aligned; the last
     column is not padded."""
     numeric_to = len(rows[0]) if numeric_to is None else numeric_to
+    # Every cell may come from the input (a Stat name, an event's data).
+    rows = [[_printable(cell) for cell in row] for row in rows]
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     for row in rows:
         cells = []
@@ -481,13 +483,15 @@ def run(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
         # the rest of the log; the count says what was left out.
         lines = "line" if skipped == 1 else "lines"
         print(
-            f"torchmon summarize: skipped {skipped} unreadable {lines} "
-            f"(the first: {first_skipped}); --strict stops at it instead",
+            _printable(
+                f"torchmon summarize: skipped {skipped} unreadable {lines} "
+                f"(the first: {first_skipped}); --strict stops at it instead"
+            ),
             file=err,
         )
     if not records:
         where = args.files[0] if len(args.files) == 1 else f"{len(args.files)} files"
-        print(f"{where}: no events", file=out)
+        print(_printable(f"{where}: no events"), file=out)
         return _EXIT_OK
     summary.write(out)
     if ranks is not None:

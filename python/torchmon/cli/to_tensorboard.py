@@ -4,11 +4,20 @@ event files, the scalars a live TensorboardEventHandler writes (docs/cli.md)."""
 from __future__ import annotations
 
 import argparse
+import logging
+import math
 from pathlib import Path
 from typing import Any, TextIO
 
 from .._core import STAT_EVENT
-from ._common import _EXIT_OK, _CliError, _Log, _summary_writer, _tensorboard_handler
+from ._common import (
+    _EXIT_OK,
+    _CliError,
+    _Log,
+    _printable,
+    _summary_writer,
+    _tensorboard_handler,
+)
 from .demo import _Progress
 
 #: Events queued for tensorboardX's writer thread at most.
@@ -60,15 +69,34 @@ def _undo(logdir: Path, made: Path | None, before: set[Path]) -> None:
                 break
 
 
+#: The logger and message tensorboardX's add_scalar warns with for every NaN
+#: or infinite value (tensorboardX/x2num.py, check_nan): once per scalar,
+#: thousands of lines for a log with NaN windows.
+_NAN_LOGGER = "tensorboardX.x2num"
+_NAN_MESSAGE = "NaN or Inf found in input tensor."
+
+
+class _DropNanWarning(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return record.msg != _NAN_MESSAGE
+
+
 class _CountingWriter:
-    """Passes ``add_scalar`` calls on to a SummaryWriter, counting them."""
+    """Passes ``add_scalar`` calls on to a SummaryWriter, counting them and
+    the NaN or infinite values among them."""
 
     def __init__(self, writer: Any) -> None:
         self._writer = writer
         self.scalars = 0
+        self.non_finite = 0
 
     def add_scalar(self, tag: str, scalar_value: Any, *args: Any, **kwargs: Any) -> Any:
         self.scalars += 1
+        try:
+            if not math.isfinite(scalar_value):
+                self.non_finite += 1
+        except (TypeError, OverflowError):  # not a float: tensorboardX deals with it
+            pass
         return self._writer.add_scalar(tag, scalar_value, *args, **kwargs)
 
     def close(self) -> None:
@@ -82,6 +110,9 @@ def run(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     progress = _Progress(log.size, err)
     from_stats = 0  # the handler writes every item of a Stat event
     with_step_field = 0
+    # One line of ours below says how many values were NaN or infinite.
+    nan_filter = _DropNanWarning()
+    logging.getLogger(_NAN_LOGGER).addFilter(nan_filter)
     try:
         try:
             # tensorboardX's default queue of 10 events makes every add_scalar
@@ -107,14 +138,27 @@ def run(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
         finally:
             progress.clear()
             writer.close()
-    except _CliError:
+    except (_CliError, KeyboardInterrupt):
+        # Interrupted too: a partial conversion left behind would make the
+        # next run refuse LOGDIR ("already holds ... event file(s)").
         _undo(logdir, made, before)
         raise
+    finally:
+        logging.getLogger(_NAN_LOGGER).removeFilter(nan_filter)
     print(
-        f"wrote {writer.scalars} scalars to {args.logdir} "
-        f"({from_stats} from Stat events, {writer.scalars - from_stats} from other events)",
+        _printable(
+            f"wrote {writer.scalars} scalars to {args.logdir} "
+            f"({from_stats} from Stat events, {writer.scalars - from_stats} from other events)"
+        ),
         file=out,
     )
+    if writer.non_finite:
+        values = "value was" if writer.non_finite == 1 else "values were"
+        print(
+            f"torchmon to-tensorboard: {writer.non_finite} {values} NaN or infinite; "
+            "written as they are",
+            file=err,
+        )
     if args.step_field is not None and not with_step_field:
         print(
             f"torchmon to-tensorboard: warning: no event has the field {args.step_field!r} "

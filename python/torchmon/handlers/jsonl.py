@@ -36,7 +36,8 @@ import json
 import math
 import os
 import re
-from collections.abc import Generator, Iterator
+from collections.abc import Generator, Iterable, Iterator
+from contextlib import AbstractContextManager
 from datetime import datetime, timedelta, timezone
 from typing import TYPE_CHECKING, Any, BinaryIO, Generic, Literal, TypeVar, overload
 
@@ -597,7 +598,7 @@ class JsonlReader(Iterator[_T], Generic[_T]):
 
     def _read(self) -> Generator[_T, None, None]:
         path = self.path
-        with open(path, "rb") as file:
+        with self._open() as file:
             for lineno, raw in enumerate(file, 1):
                 self._bytes_read += len(raw)
                 if not raw.endswith(b"\n"):
@@ -622,6 +623,12 @@ class JsonlReader(Iterator[_T], Generic[_T]):
                     self._unreadable(f"{path}:{lineno}: {exc}")
                     continue
                 yield self._result(record)
+
+    def _open(self) -> AbstractContextManager[Iterable[bytes]]:
+        # A method so that the torchmon command can read its logs through a
+        # file it opened and checked itself (a FIFO without a writer, a line
+        # without end: docs/cli.md, "Input").
+        return open(self.path, "rb")
 
     def _result(self, record: tuple[Event, Distribution | None]) -> _T:
         return record if self.distributions else record[0]  # type: ignore[return-value]
