@@ -12,10 +12,12 @@ mod py_convert;
 mod py_entry_points;
 mod py_event;
 mod py_gil_cell;
+mod py_lifecycle;
 mod py_prometheus;
 mod py_registry;
 mod py_stat;
 mod py_torch_wait_counters;
+mod py_window_event;
 
 use pyo3::prelude::*;
 
@@ -36,14 +38,15 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
         AsyncEventHandler,
     };
     use crate::py_clock::{_clock_ms, _set_clock_ms, _window_ms_of_seconds};
+    use crate::py_lifecycle::{
+        _flush_all_stats, _flush_stats_now, _live_stat_count, _prepare_fork,
+        _reset_stats_after_fork,
+    };
     use crate::py_registry::{
         _close_exit_gate, _exit_gate_state, _handler_count, EventHandlerHandle,
         register_event_handler, unregister_event_handler,
     };
-    use crate::py_stat::{
-        _flush_all_stats, _flush_stats_now, _install_tensor_support, _live_stat_count,
-        _prepare_fork, _reset_stats_after_fork, _stat_add_by_id, _stat_window_now, Stat,
-    };
+    use crate::py_stat::{_install_tensor_support, _stat_add_by_id, _stat_window_now, Stat};
     crate::py_aggregation::add_to_module(m)?;
     m.add_class::<AsyncEventHandler>()?;
     m.add_class::<crate::py_event::DataValueT>()?;
@@ -88,7 +91,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
         m.add_function(wrap_pyfunction!(wc::_torch_wait_counter_names, m)?)?;
         m.add("_TORCH_WAIT_COUNTER_PROBE_KEY", wc::PROBE_KEY)?;
     }
-    m.add("STAT_EVENT", crate::py_stat::STAT_EVENT)?;
+    m.add("STAT_EVENT", crate::py_window_event::STAT_EVENT)?;
     m.add("MAX_STAT_NAME_LENGTH", torchmon_core::stat::MAX_NAME_CHARS)?;
     m.add(
         "_BUCKET_MIDPOINTS",
@@ -103,7 +106,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     crate::py_convert::init_lazy(py)?;
     crate::py_event::mapping_abc(py)?;
     crate::py_registry::init_lazy(py);
-    crate::py_stat::init_lazy(py);
+    crate::py_window_event::init_lazy(py);
     crate::py_torch_wait_counters::init_fork_reset();
     crate::py_entry_points::install(m)?;
     Ok(())

@@ -1,28 +1,22 @@
 //! `Stat`: the binding around `stat::Stat`, emitting closed windows as Events.
 
-use parking_lot::Mutex;
 use pyo3::buffer::{Element, ElementType, PyUntypedBuffer};
 use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
-use pyo3::types::{
-    PyBool, PyDelta, PyDeltaAccess, PyDict, PyFloat, PyInt, PyList, PyString, PyTuple,
-};
-use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, LazyLock, Weak};
+use pyo3::types::{PyBool, PyDelta, PyDeltaAccess, PyDict, PyFloat, PyInt, PyList, PyString};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Weak};
 
 use crate::py_aggregation::PyAggregation;
 use crate::py_convert::{
-    Surrogates, arg_type_error, arg_value_error, datetime_now, sample, string_arg, type_name,
+    Surrogates, arg_type_error, arg_value_error, sample, string_arg, type_name,
 };
-use crate::py_event::Event;
-use crate::py_registry::{Failures, Handlers, current_handlers, dispatch};
+use crate::py_lifecycle::WindowOwner;
+use crate::py_registry::{Failures, current_handlers};
+use crate::py_window_event::dispatch_window_event;
 use torchmon_core::aggregation::Aggregation;
-use torchmon_core::histogram::Distribution;
-use torchmon_core::stat::{Closed, MAX_NAME_CHARS, Stat as CoreStat, WindowStats};
-
-pub const STAT_EVENT: &str = "torch.monitor.Stat";
+use torchmon_core::stat::{Closed, MAX_NAME_CHARS, Stat as CoreStat, WindowStats, live};
 
 /// One configured aggregation, with its Python member and event key made once.
 struct Output {
@@ -38,48 +32,13 @@ pub struct StatShared {
     max_samples: i64,
 }
 
-/// Every live Stat, so that their open windows are emitted at interpreter exit.
-static LIVE: LazyLock<Mutex<HashMap<u64, Weak<StatShared>>>> =
-    LazyLock::new(|| Mutex::new(HashMap::new()));
-static NEXT_LIVE_ID: AtomicU64 = AtomicU64::new(0);
 /// Set once the exit flush ran: later destructions must not call into a
 /// finalizing interpreter.
 static AT_EXIT: AtomicBool = AtomicBool::new(false);
 
-pub fn stat_event_name(py: Python<'_>) -> &Bound<'_, PyString> {
-    static NAME: PyOnceLock<Py<PyString>> = PyOnceLock::new();
-    NAME.get_or_init(py, || PyString::intern(py, STAT_EVENT).unbind())
-        .bind(py)
-}
-
-/// Dispatches a closed window's `data` (its `<name>.<aggregation>` keys) as
-/// a `torch.monitor.Stat` event stamped now, with the window's Distribution:
-/// Python Stats and the torch wait-counter backend share it.
-pub(crate) fn dispatch_window_event(
-    py: Python<'_>,
-    handlers: &Handlers,
-    data: Bound<'_, PyDict>,
-    window: &WindowStats,
-) -> PyResult<()> {
-    let distribution = match &window.distribution {
-        Some(d) => Some(distribution_object(py, d)?),
-        None => None,
-    };
-    let timestamp = datetime_now(py)?.unbind();
-    let name = stat_event_name(py).clone().unbind();
-    let data = data.unbind();
-    // Each handler gets its own Event (renaming one must not affect the
-    // next). They may share the dict: an Event never hands it out.
-    dispatch(py, handlers, |_| {
-        // The Distribution is immutable: every handler's Event shares it.
-        let event = Event::from_parts(
-            name.clone_ref(py),
-            timestamp.clone_ref(py),
-            data.clone_ref(py),
-            distribution.as_ref().map(|d| d.clone_ref(py)),
-        );
-        Ok(Bound::new(py, event)?.into_any())
-    })
+/// Called by the exit step once every open window was emitted.
+pub(crate) fn mark_exited() {
+    AT_EXIT.store(true, Ordering::Release);
 }
 
 impl StatShared {
@@ -108,18 +67,6 @@ impl StatShared {
         {
             failures.add(py, err, self.name.bind(py).as_any());
         }
-    }
-
-    /// Dispatches one closed window as a `torch.monitor.Stat` event.
-    fn emit_window(&self, py: Python<'_>, window: &WindowStats) -> PyResult<()> {
-        let Some(handlers) = current_handlers(py) else {
-            return Ok(());
-        };
-        let data = PyDict::new(py);
-        for output in &self.outputs {
-            data.set_item(output.key.bind(py), window.get(output.aggregation))?;
-        }
-        dispatch_window_event(py, &handlers, data, window)
     }
 
     /// Emits the windows one call closed. Their handlers' errors are one
@@ -151,59 +98,22 @@ impl StatShared {
     }
 }
 
-/// `torchmon.Distribution._from_core`. The module is imported on first use
-/// (`import torchmon` does not load it) and outside the cell: a cell filled
-/// by a call that releases the GIL (an import does) stays "being filled" for
-/// ever in a child forked meanwhile, and the child's first window hung on it.
-/// The import itself is completed before every fork (`_prepare_fork`).
-fn distribution_from_core(py: Python<'_>) -> PyResult<&Py<PyAny>> {
-    static FROM_CORE: PyOnceLock<Py<PyAny>> = PyOnceLock::new();
-    if let Some(from_core) = FROM_CORE.get(py) {
-        return Ok(from_core);
+impl WindowOwner for StatShared {
+    /// Dispatches one closed window as a `torch.monitor.Stat` event.
+    fn emit_window(&self, py: Python<'_>, window: &WindowStats) -> PyResult<()> {
+        let Some(handlers) = current_handlers(py) else {
+            return Ok(());
+        };
+        let data = PyDict::new(py);
+        for output in &self.outputs {
+            data.set_item(output.key.bind(py), window.get(output.aggregation))?;
+        }
+        dispatch_window_event(py, &handlers, data, window)
     }
-    let from_core = py
-        .import("torchmon._distribution")?
-        .getattr("Distribution")?
-        .getattr("_from_core")?
-        .unbind();
-    // Another thread may have filled it meanwhile: either value will do.
-    let _ = FROM_CORE.set(py, from_core);
-    FROM_CORE
-        .get(py)
-        .ok_or_else(|| pyo3::exceptions::PyRuntimeError::new_err("torchmon: Distribution unset"))
-}
 
-/// Before a fork, on the forking thread: completes what a window dispatch
-/// would otherwise import or fill lazily on another thread, which a fork in
-/// the middle would leave half done in the child (docs/reliability.md,
-/// "fork": the audit of lazily initialised state).
-#[pyfunction]
-pub fn _prepare_fork(py: Python<'_>) -> PyResult<()> {
-    distribution_from_core(py).map(drop)
-}
-
-/// The `torchmon.Distribution` of a window.
-fn distribution_object(py: Python<'_>, d: &Distribution) -> PyResult<Py<PyAny>> {
-    let from_core = distribution_from_core(py)?;
-    let b = &d.buckets;
-    let positive = PyTuple::new(py, &b.positive)?;
-    let negative = PyTuple::new(py, &b.negative)?;
-    let args = PyTuple::new(
-        py,
-        [
-            d.count.into_pyobject(py)?.into_any(),
-            PyFloat::new(py, d.sum).into_any(),
-            PyFloat::new(py, d.min).into_any(),
-            PyFloat::new(py, d.max).into_any(),
-            b.zero_count.into_pyobject(py)?.into_any(),
-            b.nan_count.into_pyobject(py)?.into_any(),
-            b.positive_inf_count.into_pyobject(py)?.into_any(),
-            b.negative_inf_count.into_pyobject(py)?.into_any(),
-            positive.into_any(),
-            negative.into_any(),
-        ],
-    )?;
-    Ok(from_core.bind(py).call1(args)?.unbind())
+    fn name<'py>(&self, py: Python<'py>) -> Bound<'py, PyAny> {
+        self.name.bind(py).clone().into_any()
+    }
 }
 
 /// Windowed aggregation of float samples; each closed window is logged as
@@ -213,7 +123,6 @@ pub struct Stat {
     shared: Arc<StatShared>,
     /// `shared.core`, one pointer less on `add`'s path.
     core: Arc<CoreStat>,
-    live_id: u64,
 }
 
 impl Stat {
@@ -451,13 +360,11 @@ impl Stat {
             outputs,
             max_samples,
         });
-        let live_id = NEXT_LIVE_ID.fetch_add(1, Ordering::Relaxed);
-        LIVE.lock().insert(live_id, Arc::downgrade(&shared));
-        Ok(Stat {
-            shared,
-            core,
-            live_id,
-        })
+        // The core's list of live Stats finds the Python side through this
+        // (exit flush, flush(), compiled graphs naming the Stat by id).
+        let owner: Weak<StatShared> = Arc::downgrade(&shared);
+        core.set_owner(owner);
+        Ok(Stat { shared, core })
     }
 
     /// Adds every value of `values` in order, at one instant: the same
@@ -493,7 +400,7 @@ impl Stat {
     /// it alive (torchmon._tensors).
     #[getter]
     fn _live_id(&self) -> u64 {
-        self.live_id
+        self.core.id()
     }
 
     /// The last closed window: `{Aggregation: float}`.
@@ -548,7 +455,6 @@ impl Stat {
 
 impl Drop for Stat {
     fn drop(&mut self) {
-        LIVE.lock().remove(&self.live_id);
         if AT_EXIT.load(Ordering::Acquire) || self.shared.core.count() == 0 {
             return;
         }
@@ -557,66 +463,6 @@ impl Drop for Stat {
                 .flush_unraisable(py, "flushing its window on destruction")
         });
     }
-}
-
-/// Emits the open window of every live Stat; called at interpreter exit
-/// (registered with `atexit` by the package). Later destructions stay quiet.
-#[pyfunction]
-pub fn _flush_all_stats(py: Python<'_>) {
-    let live: Vec<Arc<StatShared>> = LIVE.lock().values().filter_map(Weak::upgrade).collect();
-    for stat in &live {
-        stat.flush_unraisable(py, "flushing its window at interpreter exit");
-    }
-    crate::py_torch_wait_counters::flush_at_exit(py);
-    AT_EXIT.store(true, Ordering::Release);
-}
-
-/// How long `flush()` waits for the wait-counter delivery thread's dispatch.
-const FLUSH_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
-
-/// Emits the open window of every live Stat now, in creation order; the
-/// Stats go on with a new window. `torchmon.flush()`'s first step
-/// (docs/api.md). Unlike `_flush_all_stats` it leaves `AT_EXIT` alone: the
-/// process goes on, and later destructions still emit their windows. Every
-/// Stat is flushed even when a handler raises; the first error is raised
-/// afterwards by the rule of `log_event` (`py_registry::Failures`). Returns
-/// how many windows were emitted.
-#[pyfunction]
-pub fn _flush_stats_now(py: Python<'_>) -> PyResult<usize> {
-    let mut live: Vec<(u64, Arc<StatShared>)> = LIVE
-        .lock()
-        .iter()
-        .filter_map(|(id, stat)| Some((*id, stat.upgrade()?)))
-        .collect();
-    live.sort_unstable_by_key(|(id, _)| *id);
-    let mut failures = Failures::default();
-    let mut emitted = 0;
-    for (_, stat) in &live {
-        if let Some(window) = stat.core.flush() {
-            emitted += 1;
-            if let Err(err) = stat.emit_window(py, &window) {
-                failures.add(py, err, stat.name.bind(py).as_any());
-            }
-        }
-    }
-    emitted += crate::py_torch_wait_counters::flush(py, &mut failures, FLUSH_WAIT);
-    failures.into_result().map(|()| emitted)
-}
-
-/// In a forked child: empties the open window of every live core Stat
-/// (Python's, WaitCounters' and any made in Rust), which holds the parent's
-/// samples, so that the child emits only what it adds itself
-/// (docs/reliability.md, "fork"). Registered with `os.register_at_fork` by
-/// the package. Returns how many windows were discarded.
-#[pyfunction]
-pub fn _reset_stats_after_fork() -> usize {
-    torchmon_core::fork::after_fork_in_child()
-}
-
-/// Fills this module's lazy cells at import (see `py_convert::init_lazy`).
-pub fn init_lazy(py: Python<'_>) {
-    stat_event_name(py);
-    LazyLock::force(&LIVE);
 }
 
 /// torch.Tensor and the functions of torchmon._tensors that record tensors,
@@ -660,17 +506,17 @@ pub fn _install_tensor_support(
     installed
 }
 
-/// The live Stats of `live_ids`, in order (None for one no longer alive),
-/// looked up under one lock.
+/// The Python Stats of `live_ids`, in order (None for one no longer alive),
+/// looked up under one lock in the core's list of live Stats.
 pub(crate) fn live_stats(live_ids: impl Iterator<Item = u64>) -> Vec<Option<Arc<StatShared>>> {
-    let live = LIVE.lock();
-    live_ids
-        .map(|live_id| live.get(&live_id).and_then(Weak::upgrade))
+    live::find(live_ids)
+        .into_iter()
+        .map(|stat| stat?.owner::<StatShared>())
         .collect()
 }
 
 fn live_stat(live_id: u64) -> Option<Arc<StatShared>> {
-    LIVE.lock().get(&live_id).and_then(Weak::upgrade)
+    live::get(live_id)?.owner::<StatShared>()
 }
 
 /// Adds `values` to the live Stat `live_id`, the value `values[i]` at the
@@ -720,12 +566,6 @@ pub fn _stat_window_now(live_id: u64) -> Option<(i64, i64)> {
     let stat = live_stat(live_id)?;
     let now_ms = stat.core.now_ms();
     Some((now_ms, stat.core.window_id(now_ms)))
-}
-
-/// For tests: how many Stats are alive.
-#[pyfunction]
-pub fn _live_stat_count() -> usize {
-    LIVE.lock().len()
 }
 
 /// `add_many` over a buffer whose items it can read as numbers; `None` for

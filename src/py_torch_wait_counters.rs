@@ -29,10 +29,11 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use crate::py_convert::arg_value_error;
+use crate::py_lifecycle::WindowOwner;
 use crate::py_registry::{Failures, current_handlers};
-use crate::py_stat::dispatch_window_event;
+use crate::py_window_event::dispatch_window_event;
 use torchmon_core::aggregation::Aggregation;
-use torchmon_core::stat::{Stat as CoreStat, WindowStats};
+use torchmon_core::stat::{Stat as CoreStat, WindowStats, live};
 
 /// `c10::monitor::detail::WaitCounterDynamicBackend`, version 1 (the
 /// version is in the init function's name).
@@ -58,18 +59,16 @@ const AGGREGATIONS: [Aggregation; 5] = [
     Aggregation::P50,
     Aggregation::P99,
 ];
-/// How long the exit step waits for the delivery thread's last dispatch.
-const EXIT_WAIT: Duration = Duration::from_secs(2);
 
 /// Window of counters created from now on; 0: recording is off.
 static WINDOW_MS: AtomicI64 = AtomicI64::new(0);
 static PROBE_SEEN: AtomicBool = AtomicBool::new(false);
 /// Set by the exit step: windows closed later are dropped, Python untouched.
 static AT_EXIT: AtomicBool = AtomicBool::new(false);
-/// Every counter created, in creation order (for `flush()` and the exit).
-static COUNTERS: Mutex<Vec<Arc<Counter>>> = Mutex::new(Vec::new());
-
-struct Counter {
+/// One torch counter key's Stat, and the owner the core's list of live
+/// Stats finds it by (`py_lifecycle`). A counter lives for the rest of the
+/// process, as libc10's own do.
+pub(crate) struct Counter {
     name: String,
     core: Arc<CoreStat>,
 }
@@ -129,17 +128,29 @@ fn backend_for(key: &[u8]) -> Option<Arc<Counter>> {
         return None;
     }
     let name = stat_name(&String::from_utf8_lossy(key));
-    let mut counters = COUNTERS.lock();
-    // libc10 makes one backend per key; should it ask twice, both share one Stat.
-    if let Some(existing) = counters.iter().find(|c| c.name == name) {
-        return Some(Arc::clone(existing));
+    // libc10 makes one backend per key; should it ask again, both share one
+    // Stat (two asks for one key at the same instant would get two).
+    if let Some(existing) = counters().into_iter().find(|c| c.name == name) {
+        return Some(existing);
     }
     let counter = Arc::new(Counter {
         name,
         core: CoreStat::new(&AGGREGATIONS, window_ms, i64::MAX),
     });
-    counters.push(Arc::clone(&counter));
+    let owner: std::sync::Weak<Counter> = Arc::downgrade(&counter);
+    counter.core.set_owner(owner);
+    // Kept for the rest of the process: its Stat's open window is emitted
+    // at flush() and at exit even after libc10 destroyed the backend.
+    std::mem::forget(Arc::clone(&counter));
     Some(counter)
+}
+
+/// Every counter created, in creation order.
+fn counters() -> Vec<Arc<Counter>> {
+    live::all()
+        .iter()
+        .filter_map(|stat| stat.owner::<Counter>())
+        .collect()
 }
 
 /// The context torch hands back to `stop` is the start time.
@@ -173,9 +184,9 @@ extern "C" fn stop(backend_self: *mut c_void, now_us: i64, started_us: isize) {
 
 extern "C" fn destroy(backend_self: *mut c_void) {
     // SAFETY: `backend_self` came from `Arc::into_raw` in `init`, and libc10
-    // calls `destroy` once, after the last `stop`. The Stat itself stays in
-    // `COUNTERS`: dropping this reference touches no Python, so a destroy
-    // after the interpreter exited is safe.
+    // calls `destroy` once, after the last `stop`. The counter itself lives
+    // on (`backend_for`): dropping this reference touches no Python, so a
+    // destroy after the interpreter exited is safe.
     let counter = unsafe { Arc::from_raw(backend_self.cast::<Counter>().cast_const()) };
     let _ = catch_unwind(AssertUnwindSafe(|| drop(counter)));
 }
@@ -301,7 +312,7 @@ fn deliver_forever(queue: &'static DeliveryQueue) {
         // `None`: the interpreter is finalizing; nothing can be delivered.
         let attached = Python::try_attach(|py| {
             for (counter, window) in &windows {
-                if let Err(err) = emit_window(py, counter, window) {
+                if let Err(err) = counter.emit_window(py, window) {
                     let context = PyString::new(
                         py,
                         &format!(
@@ -322,35 +333,43 @@ fn deliver_forever(queue: &'static DeliveryQueue) {
     }
 }
 
-/// Dispatches one closed window as a `torch.monitor.Stat` event, with the
-/// keys `<name>.count`, `.sum`, `.max`, `.p50`, `.p99` (seconds).
-fn emit_window(py: Python<'_>, counter: &Counter, window: &WindowStats) -> PyResult<()> {
-    let Some(handlers) = current_handlers(py) else {
-        return Ok(());
-    };
-    let data = PyDict::new(py);
-    for aggregation in AGGREGATIONS {
-        data.set_item(
-            format!("{}.{}", counter.name, aggregation.key_suffix()),
-            window.get(aggregation),
-        )?;
+impl WindowOwner for Counter {
+    /// Dispatches one closed window as a `torch.monitor.Stat` event, with the
+    /// keys `<name>.count`, `.sum`, `.max`, `.p50`, `.p99` (seconds).
+    fn emit_window(&self, py: Python<'_>, window: &WindowStats) -> PyResult<()> {
+        let Some(handlers) = current_handlers(py) else {
+            return Ok(());
+        };
+        let data = PyDict::new(py);
+        for aggregation in AGGREGATIONS {
+            data.set_item(
+                format!("{}.{}", self.name, aggregation.key_suffix()),
+                window.get(aggregation),
+            )?;
+        }
+        dispatch_window_event(py, &handlers, data, window)
     }
-    dispatch_window_event(py, &handlers, data, window)
+
+    fn name<'py>(&self, py: Python<'py>) -> Bound<'py, PyAny> {
+        PyString::new(py, &self.name).into_any()
+    }
 }
 
-/// Emits the queued windows, waits (GIL released) for the delivery thread's
-/// current dispatch, then emits every counter's open window. Handler errors
-/// are collected in `failures`; returns how many windows were emitted.
-pub fn flush(py: Python<'_>, failures: &mut Failures, timeout: Duration) -> usize {
-    // The windows the thread is dispatching now were closed before the
-    // queued ones: wait for them first.
+/// Waits (GIL released, up to `timeout`) for the delivery thread's dispatch
+/// in progress, whose windows closed before the queued ones, then emits the
+/// queued windows. Handler errors are collected in `failures`; returns how
+/// many windows were emitted. Every counter's open window is the caller's
+/// (`py_lifecycle`), with every other Stat's.
+pub fn emit_queued(py: Python<'_>, failures: &mut Failures, timeout: Duration) -> usize {
+    // A handler calling flush() on the delivery thread must not wait for
+    // its own dispatch.
     let timeout = if IS_DELIVERY_THREAD.with(std::cell::Cell::get) {
         Duration::ZERO
     } else {
         timeout
     };
     let queue = delivery();
-    let queued = py.detach(|| {
+    let (queued, dropped) = py.detach(|| {
         let deadline = Instant::now() + timeout;
         let mut delivery = queue.state.lock();
         while delivery.busy
@@ -364,27 +383,15 @@ pub fn flush(py: Python<'_>, failures: &mut Failures, timeout: Duration) -> usiz
             std::mem::take(&mut delivery.dropped),
         )
     });
-    let (queued, dropped) = queued;
     if dropped > 0 {
         warn_dropped(py, dropped);
     }
-    let mut emitted = 0;
     for (counter, window) in &queued {
-        emitted += 1;
-        if let Err(err) = emit_window(py, counter, window) {
-            failures.add(py, err, PyString::new(py, &counter.name).as_any());
+        if let Err(err) = counter.emit_window(py, window) {
+            failures.add(py, err, &counter.name(py));
         }
     }
-    let counters: Vec<Arc<Counter>> = COUNTERS.lock().clone();
-    for counter in &counters {
-        if let Some(window) = counter.core.flush() {
-            emitted += 1;
-            if let Err(err) = emit_window(py, counter, &window) {
-                failures.add(py, err, PyString::new(py, &counter.name).as_any());
-            }
-        }
-    }
-    emitted
+    queued.len()
 }
 
 /// Says, as a RuntimeWarning, that `dropped` windows never reached the
@@ -403,26 +410,24 @@ fn warn_dropped(py: Python<'_>, dropped: u64) {
     }
 }
 
-/// The exit step (from `_flush_all_stats`): stops the delivery thread (its
-/// last dispatch may finish, GIL released here, for up to `EXIT_WAIT`), then
-/// emits what is left; from then on closed windows are dropped and Python
-/// is never touched, whatever torch does during and after finalization.
-pub fn flush_at_exit(py: Python<'_>) {
+/// The exit step's first part: the delivery thread is told to stop after
+/// its dispatch in progress; returns it, for `finish_exit`.
+pub fn stop_delivery() -> Option<JoinHandle<()>> {
     let queue = delivery();
-    let thread = {
-        let mut delivery = queue.state.lock();
-        delivery.stop = true;
-        queue.changed.notify_all();
-        delivery.thread.take()
-    };
-    let mut failures = Failures::default();
-    flush(py, &mut failures, EXIT_WAIT);
-    if let Err(err) = failures.into_result() {
-        err.write_unraisable(py, None);
-    }
+    let mut delivery = queue.state.lock();
+    delivery.stop = true;
+    queue.changed.notify_all();
+    delivery.thread.take()
+}
+
+/// The exit step's last part, once what was queued and every open window
+/// were emitted: from now on closed windows are dropped and Python is never
+/// touched, whatever torch does during and after finalization; the stopped
+/// thread is joined when idle.
+pub fn finish_exit(py: Python<'_>, thread: Option<JoinHandle<()>>) {
     AT_EXIT.store(true, Ordering::Release);
     if let Some(handle) = thread {
-        if !queue.state.lock().busy {
+        if !delivery().state.lock().busy {
             // Stopped and idle: it returns without touching Python.
             py.detach(|| drop(handle.join()));
         } else {
@@ -472,5 +477,5 @@ pub fn _torch_wait_counter_probe_seen() -> bool {
 /// The names of the Stats of the counters torch created, in creation order.
 #[pyfunction]
 pub fn _torch_wait_counter_names() -> Vec<String> {
-    COUNTERS.lock().iter().map(|c| c.name.clone()).collect()
+    counters().iter().map(|c| c.name.clone()).collect()
 }

@@ -28,7 +28,7 @@ fn every_live_stat_is_emptied_and_the_hooks_run() {
         stat.add_at(1.0, 0);
         stat.add_at(2.0, 0);
     }
-    assert_eq!(fork::live_stat_count(), 101);
+    assert_eq!(torchmon_core::stat::live::count(), 101);
     fork::on_fork_in_child(count_hook_run);
 
     assert_eq!(fork::after_fork_in_child(), 100);

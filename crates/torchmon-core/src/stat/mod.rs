@@ -26,13 +26,16 @@
 //! knowledge of which writer came first.
 
 mod accumulators;
+#[cfg(not(loom))]
+pub mod live;
 
 use crate::aggregation::{Aggregation, Needs};
 use crate::histogram::Distribution;
 use crate::sync::{AtomicI64, AtomicU64, Mutex, Ordering, spin_wait};
 use accumulators::Phase;
+use std::any::Any;
 use std::mem::MaybeUninit;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock, Weak};
 
 const PHASE_BIT: u64 = 1 << 63;
 const DROP_BIT: u64 = 1 << 62;
@@ -208,6 +211,10 @@ pub struct Stat {
     head: AtomicU64,
     phases: [Phase; 2],
     locked: Mutex<Locked>,
+    /// Its place in the list of live Stats (`live`), unique in the process.
+    id: u64,
+    /// What the embedder wraps it in (`set_owner`).
+    owner: OnceLock<Weak<dyn Any + Send + Sync>>,
 }
 
 #[inline]
@@ -222,12 +229,13 @@ fn phase_of(head: u64) -> usize {
 
 impl Stat {
     /// `window_ms` must be at least 1; `max_samples` below 1 behaves like 1.
-    /// The Stat is shared so that a forked child can find it and empty the
-    /// window it inherited (`fork::after_fork_in_child`).
+    /// The Stat is shared, and entered in the list of live Stats (`live`),
+    /// so that the exit flush finds it and a forked child can empty the
+    /// window it inherited.
     pub fn new(aggregations: &[Aggregation], window_ms: i64, max_samples: i64) -> Arc<Self> {
         assert!(window_ms >= 1, "window_ms must be positive");
         let needs = Needs::of(aggregations);
-        let stat = Arc::new(Stat {
+        Arc::new_cyclic(|weak| Stat {
             window_ms,
             max_samples: (max_samples.max(1) as u64).min(MAX_SAMPLES_CAP),
             needs,
@@ -238,13 +246,36 @@ impl Stat {
                 prev: WindowStats::EMPTY,
                 closed_id: NO_WINDOW,
             }),
-        });
-        #[cfg(not(loom))]
-        crate::fork::track(&stat);
-        stat
+            #[cfg(not(loom))]
+            id: live::enter(weak.clone()),
+            #[cfg(loom)]
+            id: {
+                let _ = weak;
+                0
+            },
+            owner: OnceLock::new(),
+        })
     }
 
-    /// In a forked child (`fork::after_fork_in_child`, one thread): empties
+    /// Its id in the list of live Stats: unique in the process, increasing
+    /// in creation order.
+    pub fn id(&self) -> u64 {
+        self.id
+    }
+
+    /// Sets what the embedder wraps this Stat in, found again by `owner`
+    /// from the list of live Stats. Only the first call takes effect; the
+    /// Stat holds it weakly.
+    pub fn set_owner(&self, owner: Weak<dyn Any + Send + Sync>) {
+        let _ = self.owner.set(owner);
+    }
+
+    /// The owner set by `set_owner`, if it is a `T` and still alive.
+    pub fn owner<T: Any + Send + Sync>(&self) -> Option<Arc<T>> {
+        self.owner.get()?.upgrade()?.downcast::<T>().ok()
+    }
+
+    /// In a forked child (`live::reset_after_fork`, one thread): empties
     /// the open window, which holds the parent's samples, so that the child
     /// emits only what it adds itself. The window stays open, empty and
     /// accepting samples even if the parent had filled it to `max_samples`;
