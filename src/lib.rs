@@ -13,6 +13,7 @@ mod py_entry_points;
 mod py_event;
 mod py_gil_cell;
 mod py_lifecycle;
+mod py_objects;
 mod py_prometheus;
 mod py_registry;
 mod py_stat;
@@ -73,6 +74,10 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(_live_stat_count, m)?)?;
     m.add_function(wrap_pyfunction!(_flush_stats_now, m)?)?;
     m.add_function(wrap_pyfunction!(_prepare_fork, m)?)?;
+    m.add_function(wrap_pyfunction!(
+        crate::py_objects::_install_distribution_loader,
+        m
+    )?)?;
     m.add_function(wrap_pyfunction!(_reset_stats_after_fork, m)?)?;
     m.add_function(wrap_pyfunction!(_install_tensor_support, m)?)?;
     m.add_function(wrap_pyfunction!(_stat_add_by_id, m)?)?;
@@ -81,6 +86,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
         m.add_function(wrap_pyfunction!(compiled::_record_cpu_tensors, m)?)?;
         m.add_function(wrap_pyfunction!(compiled::_install_staging_store, m)?)?;
         m.add_function(wrap_pyfunction!(compiled::_staging_store, m)?)?;
+        m.add_function(wrap_pyfunction!(compiled::_set_read_cpu_at_call, m)?)?;
     }
     m.add_function(wrap_pyfunction!(_stat_window_now, m)?)?;
     {
@@ -101,10 +107,9 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     // gives it to the wheel, and `torchmon.__version__` reads it from here
     // (an attribute, not an `__all__` entry).
     m.setattr("__version__", env!("CARGO_PKG_VERSION"))?;
-    // Every lazily initialised cell is filled now (py_convert::init_lazy).
+    // Every lazily initialised cell is filled now (py_objects).
     let py = m.py();
-    crate::py_convert::init_lazy(py)?;
-    crate::py_event::mapping_abc(py)?;
+    crate::py_objects::init(py)?;
     crate::py_registry::init_lazy(py);
     crate::py_window_event::init_lazy(py);
     crate::py_torch_wait_counters::init_fork_reset();

@@ -14,8 +14,9 @@ use parking_lot::Mutex;
 use pyo3::exceptions::{PyRuntimeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
-use pyo3::types::{PyDict, PyList, PyString, PyTuple};
+use pyo3::types::{PyList, PyString, PyTuple};
 use std::ops::Range;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Weak};
 
 use crate::py_registry::Failures;
@@ -34,13 +35,20 @@ struct StagingStore {
     /// another device, and every entry while CPU tensors are not read at the
     /// call.
     record_in_python: Py<PyAny>,
-    /// torchmon._tensors' globals, for `_read_cpu_at_call`.
-    tensors_globals: Py<PyDict>,
     staged_name: Py<PyString>,
-    read_cpu_at_call_name: Py<PyString>,
 }
 
 static STORE: PyOnceLock<StagingStore> = PyOnceLock::new();
+
+/// Whether CPU tensors are read at the call; cleared only by the tests, to
+/// run the deferred reads of other devices on CPU tensors
+/// (`torchmon._tensors.set_read_cpu_at_call`, which sets its own copy too).
+static READ_CPU_AT_CALL: AtomicBool = AtomicBool::new(true);
+
+#[pyfunction]
+pub fn _set_read_cpu_at_call(read: bool) {
+    READ_CPU_AT_CALL.store(read, Ordering::Relaxed);
+}
 
 /// Called once by torchmon._tensors when torch._dynamo is imported, before it
 /// makes `_staging_store` the module's `__setattr__`. Later calls change
@@ -52,22 +60,20 @@ pub fn _install_staging_store(
     generic_setattr: Py<PyAny>,
     set_eval_frame: Py<PyAny>,
     record_in_python: Py<PyAny>,
-    tensors_globals: Py<PyDict>,
 ) -> bool {
-    let mut installed = false;
-    STORE.get_or_init(py, || {
-        installed = true;
-        StagingStore {
-            module,
-            generic_setattr,
-            set_eval_frame,
-            record_in_python,
-            tensors_globals,
-            staged_name: PyString::intern(py, "_staged").unbind(),
-            read_cpu_at_call_name: PyString::intern(py, "_read_cpu_at_call").unbind(),
-        }
-    });
-    installed
+    // `set`, not `get_or_init`, which detaches from the GIL (py_objects).
+    STORE
+        .set(
+            py,
+            StagingStore {
+                module,
+                generic_setattr,
+                set_eval_frame,
+                record_in_python,
+                staged_name: PyString::intern(py, "_staged").unbind(),
+            },
+        )
+        .is_ok()
 }
 
 /// `setattr(torchmon._compiled, name, value)`: the replayed store of a graph
@@ -96,15 +102,7 @@ pub fn _staging_store(
             return Ok(());
         }
     };
-    let read_cpu_at_call = match store
-        .tensors_globals
-        .bind(py)
-        .get_item(store.read_cpu_at_call_name.bind(py))?
-    {
-        Some(flag) => flag.is_truthy()?,
-        None => true,
-    };
-    if !read_cpu_at_call {
+    if !READ_CPU_AT_CALL.load(Ordering::Relaxed) {
         store.record_in_python.bind(py).call1((staged,))?;
         return Ok(());
     }
@@ -226,7 +224,9 @@ fn record_cpu_entries<'py>(
         // right after a graph costs ~0.25 us.
         let on_cpu = match entry_items.get_item(2) {
             Ok(flag) => flag.is_truthy()?,
-            Err(_) => tensor.getattr(pyo3::intern!(py, "is_cpu"))?.is_truthy()?,
+            Err(_) => tensor
+                .getattr(crate::py_objects::IS_CPU.get(py))?
+                .is_truthy()?,
         };
         if !on_cpu {
             elsewhere.push(entry);
@@ -235,7 +235,7 @@ fn record_cpu_entries<'py>(
         let first = values.len();
         // A 0-d tensor's tolist() is a number, a 1-d one's a list: one call
         // reads either (bool and integer values convert as float() does).
-        let read = tensor.call_method0(pyo3::intern!(py, "tolist"))?;
+        let read = tensor.call_method0(crate::py_objects::TOLIST.get(py))?;
         match read.cast::<PyList>() {
             Ok(list) => {
                 values.reserve(list.len());

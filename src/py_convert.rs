@@ -3,8 +3,8 @@
 
 use pyo3::exceptions::{PyOverflowError, PyRuntimeError, PyTypeError, PyValueError};
 use pyo3::prelude::*;
-use pyo3::sync::{Interned, PyOnceLock};
-use pyo3::types::{PyBool, PyByteArray, PyBytes, PyComplex, PyFloat, PyInt, PyString, PyType};
+use pyo3::sync::Interned;
+use pyo3::types::{PyBool, PyByteArray, PyBytes, PyComplex, PyFloat, PyInt, PyString};
 
 /// The one format of an argument error, here and in the Python package
 /// (python/torchmon/_errors.py): the call, the argument, then the argument
@@ -262,7 +262,7 @@ fn sample_slow(value: &Bound<'_, PyAny>) -> Result<f64, NotASample> {
     // (docs/api.md, `Stat.add`), and so are they. Checked here, not with
     // `complex` (which numpy.complex128 subclasses), so that the other
     // widths are caught too.
-    if is_numpy_complex(value) {
+    if crate::py_objects::is_numpy_complex(value) {
         return Err(NotASample::Complex);
     }
     value.extract::<f64>().map_err(|err| {
@@ -316,93 +316,11 @@ impl NotASample {
     }
 }
 
-/// Whether `value` is a numpy complex scalar. Looked up without importing
-/// numpy: before numpy is imported there is none.
-fn is_numpy_complex(value: &Bound<'_, PyAny>) -> bool {
-    static COMPLEXFLOATING: PyOnceLock<Py<PyType>> = PyOnceLock::new();
-    let py = value.py();
-    if let Some(complexfloating) = COMPLEXFLOATING.get(py) {
-        // SAFETY: both are live type objects (the value's, and one the cell
-        // keeps alive); PyType_IsSubtype only reads their MROs.
-        return unsafe {
-            pyo3::ffi::PyType_IsSubtype(value.get_type_ptr(), complexfloating.as_ptr().cast()) != 0
-        };
-    }
-    // SAFETY: the thread is attached (`py`) and the name a live str;
-    // PyImport_GetModule only looks in sys.modules and returns a new
-    // reference, or NULL when numpy is absent (no exception set) or on an
-    // error (set, and cleared here).
-    let numpy = unsafe {
-        Bound::from_owned_ptr_or_opt(py, pyo3::ffi::PyImport_GetModule(NUMPY.get(py).as_ptr()))
-    };
-    let Some(numpy) = numpy else {
-        drop(PyErr::take(py));
-        return false;
-    };
-    let Ok(complexfloating) = numpy
-        .getattr(COMPLEXFLOATING_NAME.get(py))
-        .and_then(|t| t.cast_into::<PyType>().map_err(PyErr::from))
-    else {
-        return false; // numpy still importing
-    };
-    let is_complex = value.is_instance(&complexfloating).unwrap_or(false);
-    let _ = COMPLEXFLOATING.set(py, complexfloating.unbind());
-    is_complex
-}
-
-/// `datetime.datetime.now` (naive local time), looked up once.
-pub fn datetime_now(py: Python<'_>) -> PyResult<Bound<'_, PyAny>> {
-    now_function(py)?.call0()
-}
-
-fn now_function(py: Python<'_>) -> PyResult<&Bound<'_, PyAny>> {
-    static NOW: PyOnceLock<Py<PyAny>> = PyOnceLock::new();
-    NOW.get_or_try_init(py, || -> PyResult<Py<PyAny>> {
-        Ok(py
-            .import("datetime")?
-            .getattr("datetime")?
-            .getattr("now")?
-            .unbind())
-    })
-    .map(|now| now.bind(py))
-}
-
-/// Attribute names the bindings look up, interned once (see `init_lazy`).
+/// Attribute names the bindings look up, interned once (filled at import:
+/// `py_objects::init`).
 pub static DTYPE: Interned = Interned::new("dtype");
 pub static KIND: Interned = Interned::new("kind");
 pub static INDEX: Interned = Interned::new("__index__");
 pub static INT: Interned = Interned::new("__int__");
 pub static COMBINE: Interned = Interned::new("combine");
 pub static ITEMS: Interned = Interned::new("items");
-static NUMPY: Interned = Interned::new("numpy");
-static COMPLEXFLOATING_NAME: Interned = Interned::new("complexfloating");
-
-/// Fills this module's lazily initialised cells; called when the module is
-/// imported. A cell is initialised with the GIL released at one point (PyO3
-/// detaches before it waits for a concurrent initialiser) and Python code may
-/// run meanwhile: a thread that forks then leaves the cell "being
-/// initialised" in the child for ever, and the child's first use of it hangs
-/// (docs/reliability.md, "fork").
-pub fn init_lazy(py: Python<'_>) -> PyResult<()> {
-    for name in [
-        &DTYPE,
-        &KIND,
-        &INDEX,
-        &INT,
-        &COMBINE,
-        &ITEMS,
-        &NUMPY,
-        &COMPLEXFLOATING_NAME,
-    ] {
-        name.get(py);
-    }
-    now_function(py)?;
-    timedelta_type(py)?;
-    Ok(())
-}
-
-/// The `datetime.timedelta` type, looked up once.
-pub fn timedelta_type(py: Python<'_>) -> PyResult<&Bound<'_, PyType>> {
-    static TIMEDELTA: PyOnceLock<Py<PyType>> = PyOnceLock::new();
-    TIMEDELTA.import(py, "datetime", "timedelta")
-}

@@ -6,8 +6,7 @@
 
 use pyo3::exceptions::PyTypeError;
 use pyo3::prelude::*;
-use pyo3::sync::PyOnceLock;
-use pyo3::types::{PyDate, PyDateTime, PyDict, PyString, PyTuple, PyType};
+use pyo3::types::{PyDate, PyDateTime, PyDict, PyString, PyTuple};
 
 use crate::py_convert::{
     Surrogates, data_value, is_normalised_value, is_plain_str, string_arg, type_name,
@@ -29,11 +28,6 @@ pub struct Event {
     /// The window's `torchmon.Distribution` for a Stat window event of a
     /// Stat with a P aggregation (docs/api.md); never in `data`.
     distribution: Option<Py<PyAny>>,
-}
-
-pub fn mapping_abc(py: Python<'_>) -> PyResult<&Bound<'_, PyType>> {
-    static MAPPING: PyOnceLock<Py<PyType>> = PyOnceLock::new();
-    MAPPING.import(py, "collections.abc", "Mapping")
 }
 
 fn event_name<'py>(value: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyString>> {
@@ -105,7 +99,7 @@ pub fn event_data<'py>(value: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyDict>
         for (key, item) in dict.iter() {
             put(&key, &item)?;
         }
-    } else if value.is_instance(mapping_abc(py)?)? {
+    } else if value.is_instance(crate::py_objects::mapping_abc(py)?)? {
         for pair in value
             .call_method0(crate::py_convert::ITEMS.get(py))?
             .try_iter()?
@@ -319,10 +313,8 @@ pub fn _event_with_distribution(
     distribution: &Bound<'_, PyAny>,
 ) -> PyResult<Event> {
     let py = distribution.py();
-    let class = py
-        .import("torchmon._distribution")?
-        .getattr("Distribution")?;
-    if !distribution.is_instance(&class)? {
+    let class = crate::py_objects::distribution_class(py)?;
+    if !distribution.is_instance(class)? {
         return Err(crate::py_convert::arg_type_error(
             "_event_with_distribution",
             "distribution",

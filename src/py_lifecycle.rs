@@ -94,7 +94,7 @@ pub fn _flush_all_stats(py: Python<'_>) {
 /// "fork": the audit of lazily initialised state).
 #[pyfunction]
 pub fn _prepare_fork(py: Python<'_>) -> PyResult<()> {
-    crate::py_window_event::distribution_from_core(py).map(drop)
+    crate::py_objects::distribution_class(py).map(drop)
 }
 
 /// In a forked child: empties the open window of every live core Stat

@@ -56,7 +56,7 @@ mod published {
     pub type Republished = Option<Py<DispatchList>>;
 
     /// Creates the dispatch list's type at import rather than at the first
-    /// registration (see `py_convert::init_lazy`).
+    /// registration (see `py_objects`).
     pub fn init_lazy(py: Python<'_>) {
         py.get_type::<DispatchList>();
     }
@@ -215,7 +215,7 @@ mod gate {
 
 pub use published::Handlers;
 
-/// Creates the dispatch list's type at import (see `py_convert::init_lazy`).
+/// Creates the dispatch list's type at import (see `py_objects`).
 pub fn init_lazy(py: Python<'_>) {
     published::init_lazy(py);
 }

@@ -433,7 +433,7 @@ impl Stat {
         };
         let window_ms = self.shared.core.window_ms();
         let window_size = if window_ms <= TIMEDELTA_MAX_MS {
-            crate::py_convert::timedelta_type(py)?
+            crate::py_objects::timedelta_type(py)?
                 .call1((0, 0, 0, window_ms))?
                 .repr()?
                 .to_string()
@@ -494,16 +494,17 @@ pub fn _install_tensor_support(
     add: Py<PyAny>,
     add_many: Py<PyAny>,
 ) -> bool {
-    let mut installed = false;
-    TENSOR_SUPPORT.get_or_init(py, || {
-        installed = true;
-        TensorSupport {
-            tensor_type,
-            add,
-            add_many,
-        }
-    });
-    installed
+    // `set`, not `get_or_init`, which detaches from the GIL (py_objects).
+    TENSOR_SUPPORT
+        .set(
+            py,
+            TensorSupport {
+                tensor_type,
+                add,
+                add_many,
+            },
+        )
+        .is_ok()
 }
 
 /// The Python Stats of `live_ids`, in order (None for one no longer alive),

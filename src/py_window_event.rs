@@ -6,8 +6,8 @@ use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
 use pyo3::types::{PyDict, PyFloat, PyString, PyTuple};
 
-use crate::py_convert::datetime_now;
 use crate::py_event::Event;
+use crate::py_objects::datetime_now;
 use crate::py_registry::{Handlers, dispatch};
 use torchmon_core::histogram::Distribution;
 use torchmon_core::stat::WindowStats;
@@ -50,31 +50,9 @@ pub(crate) fn dispatch_window_event(
     })
 }
 
-/// `torchmon.Distribution._from_core`. The module is imported on first use
-/// (`import torchmon` does not load it) and outside the cell: a cell filled
-/// by a call that releases the GIL (an import does) stays "being filled" for
-/// ever in a child forked meanwhile, and the child's first window hung on it.
-/// The import itself is completed before every fork (`_prepare_fork`).
-pub(crate) fn distribution_from_core(py: Python<'_>) -> PyResult<&Py<PyAny>> {
-    static FROM_CORE: PyOnceLock<Py<PyAny>> = PyOnceLock::new();
-    if let Some(from_core) = FROM_CORE.get(py) {
-        return Ok(from_core);
-    }
-    let from_core = py
-        .import("torchmon._distribution")?
-        .getattr("Distribution")?
-        .getattr("_from_core")?
-        .unbind();
-    // Another thread may have filled it meanwhile: either value will do.
-    let _ = FROM_CORE.set(py, from_core);
-    FROM_CORE
-        .get(py)
-        .ok_or_else(|| pyo3::exceptions::PyRuntimeError::new_err("torchmon: Distribution unset"))
-}
-
 /// The `torchmon.Distribution` of a window.
 fn distribution_object(py: Python<'_>, d: &Distribution) -> PyResult<Py<PyAny>> {
-    let from_core = distribution_from_core(py)?;
+    let class = crate::py_objects::distribution_class(py)?;
     let b = &d.buckets;
     let positive = PyTuple::new(py, &b.positive)?;
     let negative = PyTuple::new(py, &b.negative)?;
@@ -93,10 +71,12 @@ fn distribution_object(py: Python<'_>, d: &Distribution) -> PyResult<Py<PyAny>> 
             negative.into_any(),
         ],
     )?;
-    Ok(from_core.bind(py).call1(args)?.unbind())
+    Ok(class
+        .call_method1(crate::py_objects::FROM_CORE.get(py), args)?
+        .unbind())
 }
 
-/// Fills this module's lazy cells at import (see `py_convert::init_lazy`).
+/// Fills this module's lazy cells at import (see `py_objects`).
 pub fn init_lazy(py: Python<'_>) {
     stat_event_name(py);
 }

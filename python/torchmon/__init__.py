@@ -190,6 +190,17 @@ def _install_exit_flush() -> None:
         os.register_at_fork(after_in_child=_core._restart_async_handlers_after_fork)
 
 
+def _load_distribution() -> type:
+    """The Distribution class, for the native module (its module is imported
+    on the first window that carries one: ``import torchmon`` does not)."""
+    from ._distribution import Distribution
+
+    return Distribution
+
+
+_core._install_distribution_loader(_load_distribution)
+
+
 def _prepare_fork() -> None:
     """Completes, on the forking thread, what torchmon's other threads would
     otherwise import or fill on first use: a window dispatch (the

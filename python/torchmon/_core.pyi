@@ -42,14 +42,16 @@ __all__ = [
     "_flush_all_stats",
     "_flush_stats_now",
     "_handler_count",
+    "_install_distribution_loader",
     "_install_staging_store",
     "_install_tensor_support",
     "_live_stat_count",
-    "_record_cpu_tensors",
     "_prepare_fork",
+    "_record_cpu_tensors",
     "_reset_stats_after_fork",
     "_restart_async_handlers_after_fork",
     "_set_clock_ms",
+    "_set_read_cpu_at_call",
     "_staging_store",
     "_stat_add_by_id",
     "_stat_window_now",
@@ -221,6 +223,7 @@ def _event_with_distribution(
     name: _Text, timestamp: datetime | date | time, data: _EventData, distribution: Distribution
 ) -> Event: ...
 def _prepare_fork() -> None: ...
+def _install_distribution_loader(loader: Callable[[], type]) -> None: ...
 def _reset_stats_after_fork() -> int: ...
 def _install_tensor_support(
     tensor_type: type,
@@ -239,9 +242,9 @@ def _install_staging_store(
     generic_setattr: Any,
     set_eval_frame: Any,
     record_in_python: Any,
-    tensors_globals: dict[str, Any],
 ) -> bool: ...
 def _staging_store(name: str, value: Any) -> None: ...
+def _set_read_cpu_at_call(read: bool) -> None: ...
 def _handler_count() -> int: ...
 def _set_clock_ms(ms: int | None) -> int | None: ...
 def _clock_ms() -> int: ...

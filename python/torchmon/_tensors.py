@@ -89,9 +89,19 @@ def _check_values(values: Any, where: str, one_value: bool) -> None:
 
 
 #: Whether CPU tensors are read at the call (reading them synchronises
-#: nothing). The tests clear it to run the deferred reads of other devices
-#: on CPU tensors.
+#: nothing). The tests clear it, with set_read_cpu_at_call, to run the
+#: deferred reads of other devices on CPU tensors.
 _read_cpu_at_call = True
+
+
+def set_read_cpu_at_call(read: bool) -> bool:
+    """Sets whether CPU tensors are read at the call, here and in the native
+    store that compiled graphs run; returns the previous setting."""
+    global _read_cpu_at_call
+    previous = _read_cpu_at_call
+    _read_cpu_at_call = read
+    _core._set_read_cpu_at_call(read)
+    return previous
 
 
 def _read_at_call(values: Any) -> bool:
@@ -251,7 +261,7 @@ def _install_compile(torch: ModuleType) -> None:
 
     skip_frames_of(record_staged_outside_dynamo)
     _core._install_staging_store(
-        _compiled, ModuleType.__setattr__, set_eval_frame, record_staged_outside_dynamo, globals()
+        _compiled, ModuleType.__setattr__, set_eval_frame, record_staged_outside_dynamo
     )
     # A builtin found on the type is called with (name, value): no Python
     # frame runs for the replayed store (docs/internals.md, "Tensors in

@@ -73,12 +73,17 @@ def twins() -> Iterator[Twins]:
 
 
 @pytest.fixture(params=["read at the call", "read at window close"])
-def read_mode(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+def read_mode(request: pytest.FixtureRequest) -> str:
     """CPU tensors are read at the call; the second mode runs the deferred
     reads that devices other than the CPU get, on CPU tensors."""
     if request.param == "read at window close":
-        monkeypatch.setattr(_tensors, "_read_cpu_at_call", False)
+        _read_at_window_close(request)
     return str(request.param)
+
+
+def _read_at_window_close(request: pytest.FixtureRequest) -> None:
+    previous = _tensors.set_read_cpu_at_call(False)
+    request.addfinalizer(lambda: _tensors.set_read_cpu_at_call(previous))
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
@@ -121,9 +126,9 @@ def test_nan_and_inf_as_for_floats(twins: Twins, read_mode: str) -> None:
 
 
 def test_deferred_values_go_to_the_window_of_their_call(
-    recorder: Any, monkeypatch: pytest.MonkeyPatch
+    recorder: Any, request: pytest.FixtureRequest
 ) -> None:
-    monkeypatch.setattr(_tensors, "_read_cpu_at_call", False)
+    _read_at_window_close(request)
     with ManualClock() as clock:
         stat = torchmon.Stat("loss", [torchmon.SUM, torchmon.COUNT], 1.0)
         stat.add(torch.tensor(1.0))
