@@ -72,6 +72,15 @@ def _check_label_name(name: str) -> None:
             f"PrometheusEventHandler(labels): invalid label name {name!r} (must match "
             "[a-zA-Z_][a-zA-Z0-9_]* and not start with '__')"
         )
+    if name == "le":
+        # Every series of a classic histogram has its own `le`; a constant one
+        # would be a second `le` label on each (prometheus_client's Histogram
+        # refuses it too). `quantile` belongs to summaries, which this
+        # handler does not export, so it stays allowed.
+        raise ValueError(
+            "PrometheusEventHandler(labels): invalid label name 'le' (Prometheus reserves "
+            "it for the upper bounds of histogram buckets)"
+        )
 
 
 def _check_labels(labels: object) -> dict[str, str]:
