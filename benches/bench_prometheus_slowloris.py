@@ -14,12 +14,18 @@ every 100 ms for ``--seconds`` (2 s timeout each, after a 1 s warm-up with
 every attacker connected) and counts the answers: ``200``, ``503``, reset,
 timeout. ``--server rust`` is ``serve()``'s own registry (the Rust server),
 ``--server python`` is ``serve(registry=...)`` (the WSGI server of
-``wsgi_app()``). docs/performance.md ("Slow clients") has the figures.
+``wsgi_app()``).
+
+``--idle N`` instead opens N idle connections and prints how many threads
+the process has while they are open and 2 s after ``close()``, and how many
+of them the server closed. docs/performance.md ("Slow clients") has the
+figures.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import selectors
 import socket
 import statistics
@@ -28,6 +34,7 @@ import sys
 import time
 from collections import Counter
 from datetime import datetime
+from typing import Any
 
 HEAD = b"GET /metrics HTTP/1.1\r\nHost: x\r\nX-Slow: " + b"a" * 100_000
 
@@ -99,12 +106,44 @@ def scrape(port: int, timeout: float) -> str:
     return response.split(b" ", 2)[1].decode()
 
 
+def idle_threads(sink: Any, port: int, count: int) -> None:
+    """``count`` idle connections: the process's threads (Python's and the
+    Rust server's, from /proc/self/task) while open and after close()."""
+    server = "rust" if isinstance(sink._server, int) else "python"
+
+    def threads() -> int:
+        return len(os.listdir("/proc/self/task"))
+
+    start = time.monotonic()
+    idle = [socket.create_connection(("127.0.0.1", port)) for _ in range(count)]
+    opened = time.monotonic() - start
+    time.sleep(1.0)
+    serving = threads()
+    sink.close()
+    time.sleep(2.0)
+    after = threads()
+    closed = 0
+    for connection in idle:
+        connection.settimeout(0.5)
+        try:
+            closed += connection.recv(1) == b""
+        except OSError:
+            pass
+        connection.close()
+    print(
+        f"server {server}, {count} idle "
+        f"connections (opened in {opened:.1f} s): {serving} threads while open, {after} 2 s "
+        f"after close(); the server closed {closed} of them"
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     parser.add_argument("--clients", type=int, default=40)
     parser.add_argument("--mode", choices=("trickle", "silent"), default="trickle")
     parser.add_argument("--seconds", type=float, default=20.0)
     parser.add_argument("--server", choices=("rust", "python"), default="rust")
+    parser.add_argument("--idle", type=int, help="open this many idle connections instead")
     parser.add_argument("--attack", type=int, help=argparse.SUPPRESS)  # the attacker process
     args = parser.parse_args()
     if args.attack is not None:
@@ -120,6 +159,9 @@ def main() -> None:
     sink(torchmon.Event(torchmon.STAT_EVENT, datetime.now(), {"loss.mean": 0.25}))
     port = sink.port
     assert port is not None
+    if args.idle is not None:
+        idle_threads(sink, port, args.idle)
+        return
     command = [sys.executable, __file__, "--attack", str(port), "--clients", str(args.clients)]
     attacker = subprocess.Popen(
         [*command, "--mode", args.mode],
