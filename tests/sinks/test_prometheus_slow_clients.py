@@ -1,14 +1,18 @@
 """Slow clients against PrometheusEventHandler.serve()'s servers, the Rust
 one (its own registry) and the Python WSGI one (``registry=`` given):
 a deadline for the whole request head, scrapes served while 40 slow
-clients hold connections, and a bounded number of threads that close()
-ends (docs/sinks.md, "Serving"). Real sockets on 127.0.0.1, every wait
-bounded."""
+clients hold connections, a bounded number of threads that close() ends,
+and a forked child that holds none of the server's sockets (docs/sinks.md,
+"Serving"). Real sockets on 127.0.0.1, every wait bounded."""
 
 from __future__ import annotations
 
+import os
 import selectors
 import socket
+import subprocess
+import sys
+import textwrap
 import threading
 import time
 from collections import Counter
@@ -181,3 +185,66 @@ def test_the_python_server_bounds_its_threads_and_close_ends_them() -> None:
         except ConnectionResetError:
             pass
         connection.close()
+
+
+FORKED = """
+import os, socket, sys, time
+from datetime import datetime
+import prometheus_client
+import torchmon
+
+options = {} if sys.argv[1] == "rust" else {"registry": prometheus_client.CollectorRegistry()}
+sink = torchmon.PrometheusEventHandler.serve(port_base=0, **options)
+sink(torchmon.Event(torchmon.STAT_EVENT, datetime.now(), {"a.sum": 1.0}))
+port = sink.port
+silent = socket.create_connection(("127.0.0.1", port))  # open at the fork
+time.sleep(0.3)  # accepted, its thread waiting for a head
+
+
+def server_sockets() -> int:
+    \"\"\"This process's sockets whose local port is the server's.\"\"\"
+    found = 0
+    for name in os.listdir("/proc/self/fd"):
+        try:
+            probe = socket.socket(fileno=os.dup(int(name)))
+        except OSError:
+            continue  # not a socket, or gone
+        with probe:
+            try:
+                address = probe.getsockname()
+            except OSError:
+                continue
+            if isinstance(address, tuple) and address[1] == port:
+                found += 1
+    return found
+
+
+before = server_sockets()  # the listener and the silent connection
+pid = os.fork()
+if pid == 0:
+    code = 0 if sink.port is None and "serving" not in repr(sink) else 1
+    code |= 0 if server_sockets() == 0 else 2
+    sink.close()  # nothing to stop here, and nothing to wait for
+    os._exit(code)
+_, status = os.waitpid(pid, 0)
+silent.close()
+sink.close()
+print(before, os.waitstatus_to_exitcode(status))
+"""
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="needs /proc/self/fd")
+@pytest.mark.parametrize("server", ["rust", "python"])
+def test_a_forked_child_has_no_port_and_holds_none_of_the_servers_sockets(server: str) -> None:
+    """The child's handler serves nothing (``port`` is ``None``), and it has
+    closed its copies of the listener and of the connection open at the
+    fork: a copy would keep that connection open after the parent closes
+    it, and the port bound after the parent ends."""
+    result = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(FORKED), server],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == ["2", "0"], result.stdout

@@ -348,7 +348,8 @@ class PrometheusEventHandler(ClosesOnExit):
     @property
     def port(self) -> int | None:
         """The port ``serve()`` serves on (``None`` for a handler made by the
-        constructor, or once closed)."""
+        constructor, once closed, or in a forked child, where the server's
+        threads do not exist)."""
         server = self._server
         if server is None or isinstance(server, int):
             return server
@@ -490,10 +491,16 @@ def _reset_expositions_in_child() -> None:
     """A forked child's handlers get a new, empty native state (the parent's
     may have been copied locked by a render on a server thread, which the
     child does not have), with the metrics they had declared, so that its
-    own windows count from zero (docs/sinks.md, "Native histograms"). Runs
-    after _forksafe's hook has released the sinks' locks."""
+    own windows count from zero (docs/sinks.md, "Native histograms"), and
+    no server: the child's copies of its sockets are closed and ``port`` is
+    ``None``. Runs after _forksafe's hook has released the sinks' locks."""
     for sink in list(_LIVE_HANDLERS):
-        sink._native._after_fork_in_child()
+        sink._native._after_fork_in_child()  # closes the Rust server's sockets
+        # The server's threads are the parent's: the child serves nothing,
+        # and its copies of the server's sockets are closed.
+        server, sink._server = sink._server, None
+        if server is not None and not isinstance(server, int):
+            server[0].forget_in_child()  # type: ignore[attr-defined]
         # In the order first declared, the registry's (_sources keeps it).
         for name, source in sink._sources.items():
             histogram = sink._histograms.get(name)
