@@ -244,8 +244,9 @@ impl _PrometheusExposition {
     /// copied locked by a render on another thread; a child serves nothing
     /// of the parent's).
     fn _after_fork_in_child(&self) {
-        // The server's thread is the parent's: the child closes its copy
-        // of the listening socket and forgets the rest.
+        // The server's threads are the parent's: the child closes its
+        // copies of the listening socket and of the connections, and
+        // forgets the rest.
         if let Some(server) = self.server.lock().take() {
             server.forget_in_child();
         }

@@ -108,7 +108,7 @@ def test_histograms_of_many_distributions_match_prometheus_client() -> None:
     rng = random.Random(7)
     for per_octave in (1, 4, 64):
         sink = handler(
-            labels={"rank": "0", "le": "user's", "a": 'q"uote\nnl'},
+            labels={"rank": "0", "job": "user's", "a": 'q"uote\nnl'},
             histogram_buckets_per_octave=per_octave,
             histogram_range=(1e-3, 1e4),
         )

@@ -201,6 +201,23 @@ def test_label_named_self() -> None:
         assert registry.get_sample_value("x_max", {"self": "a"}) == 4.0
 
 
+def test_a_label_named_le_is_refused_and_one_named_quantile_is_not() -> None:
+    """Prometheus reserves ``le`` for the bounds of histogram buckets (every
+    histogram series would carry two); ``quantile`` is a summary's, and
+    this handler exports none."""
+    for options in ({}, {"histogram_buckets_per_octave": None}):
+        with pytest.raises(
+            ValueError, match=r"^PrometheusEventHandler\(labels\): invalid label name 'le' "
+        ):
+            PrometheusEventHandler(registry=CollectorRegistry(), labels={"le": "1"}, **options)
+    with pytest.raises(ValueError, match=r"PrometheusEventHandler\(labels\): .*'le'"):
+        PrometheusEventHandler.serve(port_base=0, labels={"rank": "0", "le": "x"})
+    registry = CollectorRegistry()
+    with PrometheusEventHandler(registry=registry, labels={"quantile": "q"}) as sink:
+        sink(Event(torchmon.STAT_EVENT, datetime.now(), {"x.max": 4.0}))
+        assert registry.get_sample_value("x_max", {"quantile": "q"}) == 4.0
+
+
 def test_threads_share_gauges() -> None:
     """Several threads closing windows at once: one gauge per name, no error."""
     registry = CollectorRegistry()

@@ -260,6 +260,29 @@ def test_quantiles_outside_the_range() -> None:
     assert promql_histogram_quantile(1.0, buckets) == 8.0  # +inf too
 
 
+def test_a_sum_past_the_largest_double_is_inf_for_good_as_in_prometheus_client() -> None:
+    """docs/sinks.md ("Special values"): the cumulative _sum adds finite
+    window SUMs as floats, so two windows of 1e308 make it +Inf, and it
+    stays so (prometheus_client's Histogram.observe and client_golang add
+    the same way); the counts are unaffected. The text rendered in Rust
+    says the same."""
+    registry = CollectorRegistry()
+    with PrometheusEventHandler(registry=registry) as sink:
+        sink(window_event("big", [1e308]))
+        assert histogram(registry, "big_histogram")["sum"] == 1e308
+        sink(window_event("big", [1e308]))
+        sink(window_event("big", [-1e308, 1.0]))
+        scraped = histogram(registry, "big_histogram")
+        core_text = sink._native.render_text()
+    assert scraped["sum"] == math.inf and scraped["count"] == 4
+    assert core_text is not None and b"big_histogram_sum +Inf\n" in core_text
+    reference = CollectorRegistry()
+    observed = prometheus_client.Histogram("reference", "h", registry=reference)
+    for value in (1e308, 1e308, -1e308, 1.0):
+        observed.observe(value)
+    assert reference.get_sample_value("reference_sum") == math.inf
+
+
 def test_labels_and_prefix_apply_to_the_histogram() -> None:
     registry = CollectorRegistry()
     with PrometheusEventHandler(registry=registry, prefix="job_", labels={"rank": "3"}) as sink:

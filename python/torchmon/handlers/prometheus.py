@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import atexit
 import errno
+import io
 import math
 import os
 import re
@@ -71,6 +72,15 @@ def _check_label_name(name: str) -> None:
         raise ValueError(
             f"PrometheusEventHandler(labels): invalid label name {name!r} (must match "
             "[a-zA-Z_][a-zA-Z0-9_]* and not start with '__')"
+        )
+    if name == "le":
+        # Every series of a classic histogram has its own `le`; a constant one
+        # would be a second `le` label on each (prometheus_client's Histogram
+        # refuses it too). `quantile` belongs to summaries, which this
+        # handler does not export, so it stays allowed.
+        raise ValueError(
+            "PrometheusEventHandler(labels): invalid label name 'le' (Prometheus reserves "
+            "it for the upper bounds of histogram buckets)"
         )
 
 
@@ -250,7 +260,10 @@ class PrometheusEventHandler(ClosesOnExit):
         (``/metrics`` and ``/``, text format 0.0.4 or protobuf by the
         ``Accept`` header); with a ``registry`` given, :meth:`wsgi_app` on a
         Python thread per request, so that the registry's other collectors
-        are served too (docs/sinks.md, "Native histograms").
+        are served too (docs/sinks.md, "Native histograms"). Both bound
+        slow clients: a request head has 5 s in all, and a newcomer finding
+        the 64 connection threads taken shuts down the one that has waited
+        longest for its head (docs/sinks.md, "Serving").
         """
         import prometheus_client
 
@@ -335,7 +348,8 @@ class PrometheusEventHandler(ClosesOnExit):
     @property
     def port(self) -> int | None:
         """The port ``serve()`` serves on (``None`` for a handler made by the
-        constructor, or once closed)."""
+        constructor, once closed, or in a forked child, where the server's
+        threads do not exist)."""
         server = self._server
         if server is None or isinstance(server, int):
             return server
@@ -477,10 +491,16 @@ def _reset_expositions_in_child() -> None:
     """A forked child's handlers get a new, empty native state (the parent's
     may have been copied locked by a render on a server thread, which the
     child does not have), with the metrics they had declared, so that its
-    own windows count from zero (docs/sinks.md, "Native histograms"). Runs
-    after _forksafe's hook has released the sinks' locks."""
+    own windows count from zero (docs/sinks.md, "Native histograms"), and
+    no server: the child's copies of its sockets are closed and ``port`` is
+    ``None``. Runs after _forksafe's hook has released the sinks' locks."""
     for sink in list(_LIVE_HANDLERS):
-        sink._native._after_fork_in_child()
+        sink._native._after_fork_in_child()  # closes the Rust server's sockets
+        # The server's threads are the parent's: the child serves nothing,
+        # and its copies of the server's sockets are closed.
+        server, sink._server = sink._server, None
+        if server is not None and not isinstance(server, int):
+            server[0].forget_in_child()  # type: ignore[attr-defined]
         # In the order first declared, the registry's (_sources keeps it).
         for name, source in sink._sources.items():
             histogram = sink._histograms.get(name)
@@ -570,27 +590,253 @@ class _ScrapeApp:
 def _start_server(
     host: str, port: int, app: Callable[[dict[str, Any], Any], Iterable[bytes]]
 ) -> tuple[WSGIServer, threading.Thread]:
-    """``app`` served on ``host:port`` by a daemon thread, a thread per request."""
+    """``app`` served on ``host:port`` by a daemon thread, a thread per
+    connection, with the Rust server's bounds on slow clients
+    (:class:`_ScrapeServer`)."""
     import threading
-    from socketserver import ThreadingMixIn
-    from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
+    from wsgiref.simple_server import make_server
 
-    family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0][0]
-
-    class Server(ThreadingMixIn, WSGIServer):
-        daemon_threads = True
-        address_family = family
-
-    class QuietHandler(WSGIRequestHandler):
-        def log_message(self, format: str, *args: Any) -> None:
-            """No line on stderr per scrape."""
-
-    httpd = make_server(host, port, app, Server, handler_class=QuietHandler)
+    server_class = _scrape_server_class(
+        socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0][0]
+    )
+    httpd = make_server(host, port, app, server_class, handler_class=_scrape_handler_class())
     thread = threading.Thread(
         target=httpd.serve_forever, name=f"torchmon-prometheus-{port}", daemon=True
     )
     thread.start()
     return httpd, thread
+
+
+# The bounds of crates/torchmon-core/src/prometheus_server.rs's `Limits`
+# (docs/sinks.md, "Serving"): connection threads at once, the whole request
+# head, the whole response, and the threads that read a head only to
+# answer 503 and their deadline.
+_MAX_CONNECTIONS = 64
+_HEAD_DEADLINE = 5.0
+_RESPONSE_DEADLINE = 10.0
+_MAX_REJECTING = 8
+_REJECT_DEADLINE = 1.0
+_MAX_HEAD = 16 * 1024
+
+# What a tracked connection's thread is doing (the Rust server's `Phase`).
+_HEAD, _ANSWERING, _REJECTING, _EVICTED = "head", "answering", "rejecting", "evicted"
+
+
+def _read_head(connection: socket.socket, deadline: float) -> tuple[bytes, bool]:
+    """The request head read until ``deadline`` (``time.monotonic()``), however
+    the bytes trickle in, and whether it is complete."""
+    import time
+
+    head = b""
+    while b"\r\n\r\n" not in head:
+        left = deadline - time.monotonic()
+        if left <= 0 or len(head) > _MAX_HEAD:
+            return head, False
+        try:
+            connection.settimeout(left)
+            chunk = connection.recv(4096)
+        except OSError:  # timed out, reset, or shut down
+            return head, False
+        if not chunk:
+            return head, False
+        head += chunk
+    return head, True
+
+
+def _head_is_waiting(connection: socket.socket) -> bool:
+    """Whether a whole request head has arrived on ``connection``, unread:
+    peeked at without waiting (``recv`` on a socket with a timeout would
+    first wait for it to be readable, hence the poll)."""
+    import select
+
+    poller = select.poll()
+    poller.register(connection, select.POLLIN)
+    if not poller.poll(0):
+        return False
+    try:
+        peeked = connection.recv(4096, socket.MSG_PEEK | socket.MSG_DONTWAIT)
+    except OSError:
+        return False
+    return b"\r\n\r\n" in peeked
+
+
+def _shut_down(connection: socket.socket) -> None:
+    try:
+        connection.shutdown(socket.SHUT_RDWR)
+    except OSError:
+        pass  # already closed by its client
+
+
+def _scrape_server_class(family: int) -> type[WSGIServer]:
+    from socketserver import ThreadingMixIn
+    from wsgiref.simple_server import WSGIServer
+
+    class _ScrapeServer(ThreadingMixIn, WSGIServer):
+        """prometheus_client's WSGI server, as ``serve(registry=...)`` used it,
+        with the Rust server's treatment of slow clients: a deadline for the
+        whole head, at most ``_MAX_CONNECTIONS`` threads, the oldest
+        connection still waiting for its head shut down for a newcomer,
+        ``503`` after reading the head when every thread is answering, and
+        ``server_close()`` ending the connection threads."""
+
+        daemon_threads = True
+        block_on_close = False
+        address_family = family
+        # socketserver's 5 made a burst of connections wait for the
+        # kernel's SYN retries (seconds); 128 is the Rust server's (std's).
+        request_queue_size = 128
+
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            # connection -> [phase, accepted at, its thread]; the lock is
+            # released in a forked child (_forksafe).
+            self.connections: dict[socket.socket, list[Any]] = {}
+            self.connections_lock = new_lock()
+            self.closing = False
+            super().__init__(*args, **kwargs)
+
+        def process_request(self, request: Any, client_address: Any) -> None:
+            import threading
+            import time
+
+            with self.connections_lock:
+                phase = self._admit(request) if not self.closing else None
+                if phase is None:
+                    request.close()  # even the rejecting threads are busy
+                    return
+                thread = threading.Thread(
+                    target=self.process_request_thread,
+                    args=(request, client_address),
+                    name="torchmon-prometheus-scrape",
+                    daemon=True,
+                )
+                self.connections[request] = [phase, time.monotonic(), thread]
+            thread.start()
+
+        def _admit(self, request: socket.socket) -> str | None:
+            """The phase of a new connection, or ``None`` to close it unread;
+            called with the lock held."""
+            entries = self.connections
+            active = sum(1 for entry in entries.values() if entry[0] in (_HEAD, _ANSWERING))
+            if active < _MAX_CONNECTIONS:
+                return _HEAD
+            waiting = sorted(
+                (entry[1], id(connection), connection)
+                for connection, entry in entries.items()
+                if entry[0] == _HEAD
+            )
+            for _, _, connection in waiting:
+                if not _head_is_waiting(connection):
+                    _shut_down(connection)  # its thread sees the end and leaves
+                    entries[connection][0] = _EVICTED
+                    return _HEAD
+            if sum(1 for entry in entries.values() if entry[0] == _REJECTING) < _MAX_REJECTING:
+                return _REJECTING
+            return None
+
+        def phase_of(self, request: socket.socket) -> str:
+            with self.connections_lock:
+                entry = self.connections.get(request)
+                return _EVICTED if entry is None else str(entry[0])
+
+        def begin_answering(self, request: socket.socket) -> str:
+            """The head of ``request`` is in: the phase it is answered in
+            (``_ANSWERING``, ``_REJECTING``, or ``_EVICTED``: not at all)."""
+            with self.connections_lock:
+                entry = self.connections.get(request)
+                if entry is None:
+                    return _EVICTED
+                if entry[0] == _HEAD:
+                    entry[0] = _ANSWERING
+                return str(entry[0])
+
+        def shutdown_request(self, request: Any) -> None:
+            with self.connections_lock:  # untracked before it is closed
+                self.connections.pop(request, None)
+            super().shutdown_request(request)
+
+        def server_close(self) -> None:
+            """Closes the listener and ends the connection threads: those
+            still waiting for a head are shut down, those answering finish
+            (a render after close() is a 503), each joined for up to 5 s in
+            all."""
+            import time
+
+            super().server_close()
+            with self.connections_lock:
+                self.closing = True
+                entries = list(self.connections.items())
+                for connection, entry in entries:
+                    if entry[0] in (_HEAD, _REJECTING):
+                        _shut_down(connection)
+                        entry[0] = _EVICTED
+            deadline = time.monotonic() + 5.0
+            for _, entry in entries:
+                entry[2].join(max(0.0, deadline - time.monotonic()))
+
+        def forget_in_child(self) -> None:
+            """In a forked child, where the server's threads do not exist:
+            closes the child's copies of the listener and of the connection
+            sockets (never shuts them down, which would end the parent's
+            connections too), so that the port is not held by the child and
+            a connection the parent closes ends for its client."""
+            # detach() and os.close(): close() leaves the descriptor open
+            # while a makefile() of the parent's handler thread refers to it.
+            for owned in [self.socket, *self.connections]:
+                fd = owned.detach()
+                if fd >= 0:
+                    os.close(fd)
+            self.connections.clear()
+
+    return _ScrapeServer
+
+
+def _scrape_handler_class() -> type[Any]:
+    import time
+    from wsgiref.simple_server import WSGIRequestHandler
+
+    class _ScrapeHandler(WSGIRequestHandler):
+        """Reads the head within the deadline before wsgiref parses it."""
+
+        def setup(self) -> None:
+            super().setup()
+            server: Any = self.server
+            rejecting = server.phase_of(self.request) == _REJECTING
+            deadline = _REJECT_DEADLINE if rejecting else _HEAD_DEADLINE
+            self.head, self.complete = _read_head(self.connection, time.monotonic() + deadline)
+            self.phase = server.begin_answering(self.request)
+            # wsgiref reads the request line and headers from rfile; a
+            # scrape has no body.
+            self.rfile.close()
+            self.rfile = io.BytesIO(self.head)
+            # A total for each sendall (Python >= 3.5), not per send.
+            self.connection.settimeout(_REJECT_DEADLINE if rejecting else _RESPONSE_DEADLINE)
+
+        def handle(self) -> None:
+            if self.phase == _EVICTED or not self.head:
+                return  # shut down for a newcomer or a close(), or silent
+            if len(self.head) > _MAX_HEAD:
+                self._plain("400 Bad Request", b"request head too large\n")
+            elif not self.complete:
+                self._plain("408 Request Timeout", b"request head too slow\n")
+            elif self.phase == _REJECTING:
+                self._plain("503 Service Unavailable", b"busy\n")
+            else:
+                super().handle()
+
+        def _plain(self, status: str, body: bytes) -> None:
+            head = (
+                f"HTTP/1.1 {status}\r\nContent-Type: text/plain; charset=utf-8\r\n"
+                f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n"
+            )
+            try:
+                self.connection.sendall(head.encode() + body)
+            except OSError:
+                pass
+
+        def log_message(self, format: str, *args: Any) -> None:
+            """No line on stderr per scrape."""
+
+    return _ScrapeHandler
 
 
 # --- histograms of distributions -----------------------------------------------
