@@ -347,18 +347,17 @@ def test_python_and_native_argument_errors_share_one_format() -> None:
     assert str(native_value.value) == "Stat(window_size): window_size must be finite, not NaN"
     helper_value = arg_value_error("Stat", "window_size", "must be finite, not NaN")
     assert str(helper_value) == str(native_value.value)
-    # WaitCounter is written in Python and uses the same format.
+    # WaitCounter is written in Python and uses the same format. (Its
+    # window_size goes through the binding's window rule: test_window_rule.py.)
     with pytest.raises(ValueError) as python_value:
-        torchmon.WaitCounter("entry.points", math.nan)
-    assert (
-        str(python_value.value) == "WaitCounter(window_size): window_size must be finite, got nan"
+        torchmon.WaitCounter("k" * 201)
+    assert str(python_value.value) == (
+        "WaitCounter(key): key must be at most 200 characters (it names the counter's Stat), "
+        "got 201"
     )
     with pytest.raises(TypeError) as python_type:
-        torchmon.WaitCounter("entry.points", "1")  # type: ignore[arg-type]
-    assert str(python_type.value) == (
-        "WaitCounter(window_size): window_size must be a datetime.timedelta or a number "
-        "of seconds, not str"
-    )
+        torchmon.WaitCounter(1)  # type: ignore[arg-type]
+    assert str(python_type.value) == "WaitCounter(key): key must be a str, not int"
 
 
 # --- Event(name) ----------------------------------------------------------------

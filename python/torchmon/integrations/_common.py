@@ -13,7 +13,7 @@ from types import ModuleType
 from typing import Any
 
 from .. import _core
-from .._core import Aggregation, Event, Stat
+from .._core import Aggregation, Event, Stat, _window_ms
 
 #: The documented default window of every Stat the integrations record: the
 #: guide's training-loop window (docs/guide.md, "One Stat per metric").
@@ -63,14 +63,8 @@ def import_framework(module: str, extra: str, owner: str, *, pip_names: str) -> 
 
 
 def check_window(window: object, where: str) -> timedelta:
-    if isinstance(window, bool) or not isinstance(window, (timedelta, int, float)):
-        raise TypeError(
-            f"{where}(window): must be a timedelta or seconds, not {type(window).__name__}"
-        )
-    seconds = window.total_seconds() if isinstance(window, timedelta) else float(window)
-    if not seconds > 0 or seconds == float("inf"):
-        raise ValueError(f"{where}(window): must be a positive, finite duration, got {window!r}")
-    return window if isinstance(window, timedelta) else timedelta(seconds=seconds)
+    """``window`` by the one window rule (docs/api.md, "Window sizes")."""
+    return timedelta(milliseconds=_window_ms(where, "window", window))
 
 
 def check_name(value: object, argument: str, where: str) -> str:
