@@ -1,7 +1,7 @@
 """The one format of an argument error, shared with the native module
 (``arg_message`` in src/py_convert.rs): the call, the argument, then the
 argument again as the subject of the problem, e.g.
-``WaitCounter(window_size): window_size must be finite, got nan``
+``WaitCounter(window_size): window_size must be finite, not NaN``
 (docs/api.md)."""
 
 from __future__ import annotations

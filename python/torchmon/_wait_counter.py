@@ -225,7 +225,7 @@ class _WaitCounterTracker:
 
     def __call__(self, func: _F) -> _F:
         if not callable(func):
-            raise TypeError(f"guard() as a decorator needs a callable, not {type(func).__name__}")
+            raise arg_type_error("guard", "func", "a callable", func)
         # inspect costs `import torchmon` about as much as the rest of it
         # together: imported when a function is decorated (docs/performance.md).
         import inspect
@@ -239,9 +239,13 @@ class _WaitCounterTracker:
                 # Awaited, not iterated: its suspensions are the event loop's,
                 # and a generator wrapper could not be awaited any more.
                 raise TypeError(
-                    f"guard() cannot time {func!r}: a generator-based coroutine "
-                    "(types.coroutine); make it an async def, or time the code that "
-                    "awaits it with `with counter.guard():`"
+                    arg_message(
+                        "guard",
+                        "func",
+                        f"cannot be {func!r}: a generator-based coroutine "
+                        "(types.coroutine), which guard() cannot time; make it an async "
+                        "def, or time the code that awaits it with `with counter.guard():`",
+                    )
                 )
             return cast("_F", _timed_generator_function(func, stat))
         if inspect.iscoroutinefunction(target):
