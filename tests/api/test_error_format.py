@@ -93,14 +93,10 @@ NOT_YET_CONVERTED = {
     "_flush.py": 9,
     "_rank.py": 12,
     "_tensors.py": 6,
-    "handlers/_common.py": 3,
     "handlers/jsonl.py": 13,
     "handlers/otel.py": 16,
     "handlers/prometheus.py": 23,
     "handlers/tensorboard.py": 11,
-    "integrations/_common.py": 3,
-    "integrations/lightning.py": 1,
-    "testing.py": 3,
 }
 
 

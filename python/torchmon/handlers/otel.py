@@ -241,7 +241,8 @@ def _check_attribute_key(key: str) -> None:
 def _check_attributes(attributes: object) -> dict[str, _AttributeValue]:
     return check_mapping(
         attributes,
-        "OpenTelemetryEventHandler(attributes)",
+        "OpenTelemetryEventHandler",
+        "attributes",
         expected="str keys to str/bool/int/float values",
         key_noun="keys",
         check_key=_check_attribute_key,

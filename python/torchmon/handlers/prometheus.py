@@ -87,7 +87,8 @@ def _check_label_name(name: str) -> None:
 def _check_labels(labels: object) -> dict[str, str]:
     return check_mapping(
         labels,
-        "PrometheusEventHandler(labels)",
+        "PrometheusEventHandler",
+        "labels",
         expected="label names to str values",
         key_noun="label names",
         check_key=_check_label_name,

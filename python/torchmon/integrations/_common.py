@@ -14,6 +14,7 @@ from typing import Any
 
 from .. import _core
 from .._core import Aggregation, Event, Stat, _window_ms
+from .._errors import arg_type_error
 
 #: The documented default window of every Stat the integrations record: the
 #: guide's training-loop window (docs/guide.md, "One Stat per metric").
@@ -69,7 +70,7 @@ def check_window(window: object, where: str) -> timedelta:
 
 def check_name(value: object, argument: str, where: str) -> str:
     if not isinstance(value, str):
-        raise TypeError(f"{where}({argument}): must be a str, not {type(value).__name__}")
+        raise arg_type_error(where, argument, "a str", value)
     return value
 
 
@@ -77,15 +78,13 @@ def check_log_dir(log_dir: object, where: str) -> str | None:
     if log_dir is None:
         return None
     if isinstance(log_dir, bytes) or not isinstance(log_dir, (str, os.PathLike)):
-        raise TypeError(
-            f"{where}(log_dir): must be a str, a path or None, not {type(log_dir).__name__}"
-        )
+        raise arg_type_error(where, "log_dir", "a str, a path or None", log_dir)
     return os.fspath(log_dir)
 
 
 def check_bool(value: object, argument: str, where: str) -> bool:
     if not isinstance(value, bool):
-        raise TypeError(f"{where}({argument}): must be a bool, not {type(value).__name__}")
+        raise arg_type_error(where, argument, "a bool", value)
     return value
 
 
