@@ -5,13 +5,15 @@ per-rank file names (``JsonlEventHandler.for_rank``); see docs/api.md
 ("`rank_info` and the per-rank sinks") and docs/guide.md ("Multi-node setups").
 
 ``import torchmon`` loads this module when ``rank_info`` is first used, and
-it imports only ``os`` (``socket`` when called): docs/performance.md,
+it imports only ``os`` and ``_errors`` (``socket`` when called): docs/performance.md,
 "`import torchmon`".
 """
 
 from __future__ import annotations
 
 import os
+
+from ._errors import arg_type_error, arg_value_error
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -70,11 +72,11 @@ class RankInfo:
         }
         for name, number in ints.items():
             if isinstance(number, bool) or not isinstance(number, int):
-                raise TypeError(f"RankInfo({name}): must be an int, not {type(number).__name__}")
+                raise arg_type_error("RankInfo", name, "an int", number)
         if run_id is not None and not isinstance(run_id, str):
-            raise TypeError(f"RankInfo(run_id): must be a str or None, not {type(run_id).__name__}")
+            raise arg_type_error("RankInfo", "run_id", "a str or None", run_id)
         if not isinstance(host, str):
-            raise TypeError(f"RankInfo(host): must be a str, not {type(host).__name__}")
+            raise arg_type_error("RankInfo", "host", "a str", host)
         _check_ranks(ints, {name: name for name in ints}, "RankInfo")
         for name, value in (*ints.items(), ("run_id", run_id), ("host", host)):
             object.__setattr__(self, name, value)
@@ -99,17 +101,16 @@ class RankInfo:
         """``template.format(...)`` with this record's fields and ``node``:
         ``rank_info().format("events-rank{rank}.jsonl")``."""
         if not isinstance(template, str):
-            raise TypeError(
-                f"RankInfo.format(template): must be a str, not {type(template).__name__}"
-            )
+            raise arg_type_error("RankInfo.format", "template", "a str", template)
         fields = {name: getattr(self, name) for name in _FIELDS}
         fields["node"] = self.group_rank
         try:
             return template.format(**fields)
         except (KeyError, IndexError) as exc:
-            raise ValueError(
-                f"RankInfo.format(template): {template!r} names {exc}, which is not one of "
-                f"{', '.join((*_FIELDS, 'node'))}"
+            raise arg_value_error(
+                "RankInfo.format",
+                "template",
+                f"{template!r} names {exc}, which is not one of {', '.join((*_FIELDS, 'node'))}",
             ) from None
 
     def _values(self) -> tuple[object, ...]:
