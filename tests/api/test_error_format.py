@@ -100,7 +100,6 @@ NOT_YET_CONVERTED = {
     "handlers/jsonl.py": 13,
     "handlers/otel.py": 16,
     "handlers/prometheus.py": 23,
-    "handlers/tensorboard.py": 11,
 }
 
 
