@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import ast
 import collections
-import itertools
 from pathlib import Path
 
 import torchmon
@@ -29,6 +28,8 @@ NOT_ARGUMENT_ERRORS = {
     ("_system.py", "SystemStats.sample_now(): the sampler is closed"),
     # What torchrun's environment holds (docs/api.md, rank_info), not an argument.
     ("_rank.py", "rank_info: environment variable"),
+    # The state of the handler, as a closed file's ValueError.
+    ("handlers/jsonl.py", "JsonlEventHandler({self._path!r}) is closed"),
     # Where it is called from, not what it is given.
     ("_flush.py", "torchmon."),
 }
@@ -52,17 +53,10 @@ def _hand_written(node: ast.expr) -> bool:
 
 
 def _message_start(node: ast.expr) -> str:
-    """The literal text a hand-written message starts with."""
-    if isinstance(node, ast.Constant) and isinstance(node.value, str):
-        return node.value
-    if isinstance(node, ast.JoinedStr):
-        leading = itertools.takewhile(lambda part: isinstance(part, ast.Constant), node.values)
-        return "".join(str(part.value) for part in leading if isinstance(part, ast.Constant))
-    if isinstance(node, ast.BinOp):
-        return _message_start(node.left)
-    if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
-        return _message_start(node.func.value)
-    return ""
+    """A hand-written message as written, its f-string fields included,
+    without the quotes it starts with."""
+    text = ast.unparse(node)
+    return text.removeprefix("f")[1:]
 
 
 def hand_written_argument_errors() -> list[str]:
@@ -97,7 +91,6 @@ NOT_YET_CONVERTED = {
     # _check_ranks: ranks that contradict each other, in RankInfo(...) or in
     # the environment (rank_info).
     "_rank.py": 4,
-    "handlers/jsonl.py": 13,
     "handlers/otel.py": 16,
     "handlers/prometheus.py": 23,
 }
