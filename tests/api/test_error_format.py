@@ -34,6 +34,11 @@ NOT_ARGUMENT_ERRORS = {
     # raise only for a closed sink, or two keys that map to one metric name).
     ("handlers/otel.py", "OpenTelemetryEventHandler: distributions of scale"),
     ("handlers/otel.py", "OpenTelemetryEventHandler: {both} both map"),
+    ("handlers/prometheus.py", "PrometheusEventHandler: Stat keys"),
+    ("handlers/prometheus.py", "PrometheusEventHandler: the histogram of Stat"),
+    ("handlers/prometheus.py", "PrometheusEventHandler: cannot create the gauge"),
+    ("handlers/prometheus.py", "PrometheusEventHandler: cannot create the histogram"),
+    ("handlers/prometheus.py", "PrometheusEventHandler is closed"),
     # Where it is called from, not what it is given.
     ("_flush.py", "torchmon."),
 }
@@ -95,7 +100,6 @@ NOT_YET_CONVERTED = {
     # _check_ranks: ranks that contradict each other, in RankInfo(...) or in
     # the environment (rank_info).
     "_rank.py": 4,
-    "handlers/prometheus.py": 23,
 }
 
 
