@@ -77,7 +77,10 @@ class RankInfo:
             raise arg_type_error("RankInfo", "run_id", "a str or None", run_id)
         if not isinstance(host, str):
             raise arg_type_error("RankInfo", "host", "a str", host)
-        _check_ranks(ints, {name: name for name in ints}, "RankInfo")
+        contradiction = _rank_contradiction(ints, {name: name for name in ints})
+        if contradiction is not None:
+            field, problem = contradiction
+            raise arg_value_error("RankInfo", field, f"{problem}, got {ints[field]}")
         for name, value in (*ints.items(), ("run_id", run_id), ("host", host)):
             object.__setattr__(self, name, value)
 
@@ -142,24 +145,28 @@ def _restore(*values: object) -> RankInfo:
     return RankInfo(**dict(zip(_FIELDS, values)))  # type: ignore[arg-type]
 
 
-def _check_ranks(values: Mapping[str, int], names: Mapping[str, str], where: str) -> None:
-    """Raises ValueError when the ranks contradict each other; ``names`` maps
-    each field to what the message calls it (a variable or an argument)."""
+def _rank_contradiction(
+    values: Mapping[str, int], names: Mapping[str, str]
+) -> tuple[str, str] | None:
+    """``(field, "must be < world_size=2")`` for the first field that
+    contradicts the others, None when they agree; ``names`` maps each field
+    to what the message calls it (a variable or an argument)."""
 
     def shown(field: str) -> str:
         return f"{names[field]}={values[field]}"
 
     for field in ("world_size", "local_world_size"):
         if values[field] < 1:
-            raise ValueError(f"{where}: {shown(field)} must be >= 1")
+            return field, "must be >= 1"
     for field in ("rank", "local_rank", "group_rank"):
         if values[field] < 0:
-            raise ValueError(f"{where}: {shown(field)} must be >= 0")
+            return field, "must be >= 0"
     for field, size in (("rank", "world_size"), ("local_rank", "local_world_size")):
         if values[field] >= values[size]:
-            raise ValueError(f"{where}: {shown(field)} must be < {shown(size)}")
+            return field, f"must be < {shown(size)}"
     if values["local_world_size"] > values["world_size"]:
-        raise ValueError(f"{where}: {shown('local_world_size')} must be <= {shown('world_size')}")
+        return "local_world_size", f"must be <= {shown('world_size')}"
+    return None
 
 
 # The variable torchrun sets for each field, and the value outside torchrun.
@@ -211,7 +218,13 @@ def rank_info(environ: Mapping[str, str] | None = None) -> RankInfo:
     if "LOCAL_WORLD_SIZE" not in environ:
         # Launchers other than torchrun may set LOCAL_RANK alone: assume one node.
         values["local_world_size"] = values["world_size"]
-    _check_ranks(values, {field: variable for field, (variable, _) in _ENV.items()}, "rank_info")
+    names = {field: variable for field, (variable, _) in _ENV.items()}
+    contradiction = _rank_contradiction(values, names)
+    if contradiction is not None:
+        field, problem = contradiction
+        raise ValueError(
+            f"rank_info: environment variable {names[field]}={values[field]} {problem}"
+        )
     run_id = environ.get("TORCHELASTIC_RUN_ID")
     if run_id is not None and not isinstance(run_id, str):
         raise TypeError(

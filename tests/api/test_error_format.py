@@ -8,7 +8,6 @@ below."""
 from __future__ import annotations
 
 import ast
-import collections
 from pathlib import Path
 
 import torchmon
@@ -68,10 +67,10 @@ def _message_start(node: ast.expr) -> str:
     return text.removeprefix("f")[1:]
 
 
-def hand_written_argument_errors() -> list[str]:
+def hand_written_argument_errors(package: Path = PACKAGE) -> list[str]:
     found = []
-    for path in sorted(PACKAGE.rglob("*.py")):
-        module = path.relative_to(PACKAGE).as_posix()
+    for path in sorted(package.rglob("*.py")):
+        module = path.relative_to(package).as_posix()
         if module.startswith(NOT_ARGUMENT_MODULES):
             continue
         tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
@@ -92,25 +91,25 @@ def hand_written_argument_errors() -> list[str]:
     return found
 
 
-# Modules not converted yet, with how many hand-written errors each still
-# has: a count may only go down (and must be lowered here when it does), so
-# no module gains one while the rest are converted.
-NOT_YET_CONVERTED = {
-    # _check_ranks: ranks that contradict each other, in RankInfo(...) or in
-    # the environment (rank_info).
-    "_rank.py": 4,
-}
-
-
 def test_argument_errors_use_the_one_format() -> None:
     found = hand_written_argument_errors()
-    per_module = collections.Counter(entry.split(":")[0] for entry in found)
-    new = [entry for entry in found if entry.split(":")[0] not in NOT_YET_CONVERTED]
-    assert not new, (
+    assert not found, (
         "hand-written argument errors (use arg_type_error/arg_value_error/arg_message "
-        f"of torchmon._errors): {new}"
+        f"of torchmon._errors, or list an error that is not about an argument in "
+        f"NOT_ARGUMENT_ERRORS, with its reason): {found}"
     )
-    assert dict(per_module) == NOT_YET_CONVERTED, (
-        "a module of NOT_YET_CONVERTED gained or lost a hand-written error: "
-        f"{dict(per_module)} (lower its count, or remove it once it is converted)"
+
+
+def test_the_scan_finds_hand_written_messages(tmp_path: Path) -> None:
+    (tmp_path / "mod.py").write_text(
+        "def f(x, n):\n"
+        "    raise TypeError(f'f(x): must be a str, not {type(x).__name__}')\n"
+        "    raise ValueError('f(n): ' + str(n))\n"
+        "    raise ValueError('f(n): {}'.format(n))\n"
+        "    raise ValueError(arg_message('f', 'n', 'must be > 0'))\n"
+        "    raise ValueError(message)\n"
+        "    raise RuntimeError('not an argument error')\n",
+        encoding="utf-8",
     )
+    found = hand_written_argument_errors(tmp_path)
+    assert [entry.split(":")[1] for entry in found] == ["2", "3", "4"]

@@ -124,7 +124,7 @@ def test_constructor_checks_its_arguments() -> None:
     world_size = r"RankInfo\(world_size\): world_size must be an int, not bool"
     with pytest.raises(TypeError, match=world_size):
         torchmon.RankInfo(world_size=True)
-    with pytest.raises(ValueError, match=r"^RankInfo: rank=2 must be < world_size=2$"):
+    with pytest.raises(ValueError, match=r"^RankInfo\(rank\): rank must be < world_size=2, got 2$"):
         torchmon.RankInfo(rank=2, world_size=2, local_world_size=2)
     with pytest.raises(TypeError, match=r"RankInfo\(run_id\)"):
         torchmon.RankInfo(run_id=3)  # type: ignore[arg-type]
