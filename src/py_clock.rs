@@ -51,6 +51,10 @@ pub enum WindowRule {
 pub enum WindowArg {
     Millis(i128),
     Seconds(f64),
+    /// An int number of seconds beyond i128: past every bound, either way.
+    HugeInt {
+        negative: bool,
+    },
 }
 
 /// Type phase of the window rule: `TypeError` for anything but a timedelta,
@@ -75,12 +79,12 @@ pub fn window_arg(
         && value.is_instance_of::<PyInt>()
         && !value.is_instance_of::<PyBool>()
     {
-        // Beyond i128 seconds is beyond every bound: saturated, "too large".
-        let seconds =
-            value
-                .extract::<i128>()
-                .unwrap_or(if value.gt(0)? { i128::MAX } else { i128::MIN });
-        return Ok(WindowArg::Millis(seconds.saturating_mul(1000)));
+        return Ok(match value.extract::<i128>() {
+            Ok(seconds) => WindowArg::Millis(seconds.saturating_mul(1000)),
+            Err(_) => WindowArg::HugeInt {
+                negative: value.lt(0)?,
+            },
+        });
     }
     let expected = match rule {
         WindowRule::Torch => "a datetime.timedelta or a float number of seconds",
@@ -105,6 +109,15 @@ pub fn window_ms(call: &str, arg: &str, window: WindowArg, rule: WindowRule) -> 
             }
             clock::seconds_to_ms(s)
         }
+        WindowArg::HugeInt { negative: true } => {
+            return Err(arg_value_error(
+                call,
+                arg,
+                "must be at least 1 millisecond (got an int below -2**127 seconds)",
+            ));
+        }
+        // Past either bound: the "too large" below.
+        WindowArg::HugeInt { negative: false } => i128::MAX,
     };
     if millis < 1 {
         return Err(arg_value_error(

@@ -80,6 +80,7 @@ BAD_INTS: list[tuple[int, str]] = [
     (0, UNDER_1_MS.format(ms=0)),
     (-1, UNDER_1_MS.format(ms=-1000)),
     (10**400, "is too large (at most {bound} milliseconds, {bound_name})"),
+    (-(10**400), "must be at least 1 millisecond (got an int below -2**127 seconds)"),
 ]
 GOOD: list[tuple[object, timedelta]] = [
     (timedelta(milliseconds=1), timedelta(milliseconds=1)),
