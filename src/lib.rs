@@ -38,7 +38,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
         _close_async_handlers_at_exit, _drain_async_handlers, _restart_async_handlers_after_fork,
         AsyncEventHandler,
     };
-    use crate::py_clock::{_clock_ms, _set_clock_ms, _window_ms_of_seconds};
+    use crate::py_clock::{_clock_ms, _set_clock_ms, _window_ms};
     use crate::py_lifecycle::{
         _flush_all_stats, _flush_stats_now, _live_stat_count, _prepare_fork,
         _reset_stats_after_fork,
@@ -64,7 +64,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(_drain_async_handlers, m)?)?;
     m.add_function(wrap_pyfunction!(_clock_ms, m)?)?;
     m.add_function(wrap_pyfunction!(_set_clock_ms, m)?)?;
-    m.add_function(wrap_pyfunction!(_window_ms_of_seconds, m)?)?;
+    m.add_function(wrap_pyfunction!(_window_ms, m)?)?;
     m.add_function(wrap_pyfunction!(_close_exit_gate, m)?)?;
     m.add_function(wrap_pyfunction!(_exit_gate_state, m)?)?;
     m.add_function(wrap_pyfunction!(_handler_count, m)?)?;

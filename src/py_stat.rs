@@ -4,11 +4,12 @@ use pyo3::buffer::{Element, ElementType, PyUntypedBuffer};
 use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
-use pyo3::types::{PyBool, PyDelta, PyDeltaAccess, PyDict, PyFloat, PyInt, PyList, PyString};
+use pyo3::types::{PyBool, PyDict, PyFloat, PyInt, PyList, PyString};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Weak};
 
 use crate::py_aggregation::PyAggregation;
+use crate::py_clock::{TIMEDELTA_MAX_MS, WindowRule, window_arg, window_ms};
 use crate::py_convert::{
     Surrogates, arg_type_error, arg_value_error, sample, string_arg, type_name,
 };
@@ -168,61 +169,6 @@ impl Stat {
     }
 }
 
-/// `datetime.timedelta.max` in whole milliseconds (999,999,999 days and
-/// 86,399,999 ms): the longest window `repr` can show as a timedelta.
-const TIMEDELTA_MAX_MS: i64 = 999_999_999 * 86_400_000 + 86_399_999;
-
-/// Whole milliseconds of a window size, validated (type phase).
-enum WindowArg {
-    Millis(i128),
-    Seconds(f64),
-}
-
-fn window_arg(value: &Bound<'_, PyAny>) -> PyResult<WindowArg> {
-    if let Ok(delta) = value.cast::<PyDelta>() {
-        let micros = i128::from(delta.get_days()) * 86_400_000_000
-            + i128::from(delta.get_seconds()) * 1_000_000
-            + i128::from(delta.get_microseconds());
-        // Truncated toward zero, like std::chrono::duration_cast.
-        return Ok(WindowArg::Millis(micros / 1000));
-    }
-    if let Ok(f) = value.cast::<PyFloat>() {
-        return Ok(WindowArg::Seconds(f.value()));
-    }
-    Err(arg_type_error(
-        "Stat",
-        "window_size",
-        "a datetime.timedelta or a float number of seconds",
-        value,
-    ))
-}
-
-fn window_ms(arg: WindowArg) -> PyResult<i64> {
-    let millis = match arg {
-        WindowArg::Millis(ms) => ms,
-        WindowArg::Seconds(s) => {
-            if !s.is_finite() {
-                return Err(arg_value_error(
-                    "Stat",
-                    "window_size",
-                    format_args!("must be finite, not {s}"),
-                ));
-            }
-            torchmon_core::clock::seconds_to_ms(s)
-        }
-    };
-    if millis < 1 {
-        return Err(arg_value_error(
-            "Stat",
-            "window_size",
-            format_args!(
-                "must be at least 1 millisecond (got {millis} ms after truncation to whole milliseconds)"
-            ),
-        ));
-    }
-    i64::try_from(millis).map_err(|_| arg_value_error("Stat", "window_size", "is too large"))
-}
-
 /// `max_samples`: an int in int64 range, or what pybind11's int64 caster
 /// converts (`__index__`, or `__int__` as for `Decimal`), but never a float,
 /// a str or None.
@@ -323,7 +269,7 @@ impl Stat {
         // whose binding converts all arguments before the constructor runs).
         check_name_type(name)?;
         let aggregations = aggregations_arg(aggregations)?;
-        let window = window_arg(window_size)?;
+        let window = window_arg("Stat", "window_size", window_size, WindowRule::Torch)?;
         let max_samples = match &max_samples.0 {
             None => i64::MAX,
             Some(value) => max_samples_arg(value.bind(py))?,
@@ -340,7 +286,7 @@ impl Stat {
                 ),
             ));
         }
-        let window_ms = window_ms(window)?;
+        let window_ms = window_ms("Stat", "window_size", window, WindowRule::Torch)?;
 
         let outputs = aggregations
             .iter()

@@ -19,6 +19,7 @@
 //! when a window closes.
 
 use parking_lot::{Condvar, Mutex};
+use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyString};
 use std::ffi::{c_char, c_void};
@@ -438,14 +439,18 @@ pub fn finish_exit(py: Python<'_>, thread: Option<JoinHandle<()>>) {
 
 /// Turns recording on for counters created from now on, with windows of
 /// `window_ms`. `ValueError` if it is on with another window.
+///
+/// `window_ms` comes from the one window rule (`py_clock::window_ms`, through
+/// `_core._window_ms` in `record_wait_counters`): at least 1 ms. The check
+/// below only keeps a direct call from storing 0 (which means "off") or a
+/// negative window; it is not where `window_size` is validated.
 #[pyfunction]
 pub fn _enable_torch_wait_counters(window_ms: i64) -> PyResult<()> {
     if window_ms < 1 {
-        return Err(arg_value_error(
-            "record_wait_counters",
-            "window_size",
-            "must be at least 1 millisecond",
-        ));
+        return Err(PyValueError::new_err(format!(
+            "_enable_torch_wait_counters: window_ms must be at least 1, got {window_ms} \
+             (record_wait_counters validates window_size first)"
+        )));
     }
     match WINDOW_MS.compare_exchange(0, window_ms, Ordering::SeqCst, Ordering::SeqCst) {
         Ok(_) => Ok(()),

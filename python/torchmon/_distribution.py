@@ -19,6 +19,8 @@ from collections.abc import Iterable, Mapping
 from fractions import Fraction
 from typing import Any
 
+from ._errors import arg_message, arg_type_error, arg_value_error
+
 __all__ = ["Distribution"]
 
 SCALE = 6
@@ -139,9 +141,11 @@ def _decode_float(value: object, name: str) -> float:
         text = value[_FLOAT_TAG]
         if isinstance(text, str) and text in _NON_FINITE:
             return _NON_FINITE[text]
-        raise ValueError(
-            f'Distribution.from_dict(d): d[{name!r}]: {{"{_FLOAT_TAG}": ...}} must be '
-            f'"nan", "inf" or "-inf", not {_short_repr(text)}'
+        raise arg_value_error(
+            "Distribution.from_dict",
+            "d",
+            f"holds {_short_repr(text)} at d[{name!r}], where "
+            f'{{"{_FLOAT_TAG}": ...}} must be "nan", "inf" or "-inf"',
         )
     return value  # type: ignore[return-value]  # checked by the constructor
 
@@ -154,33 +158,29 @@ def _short_repr(value: object) -> str:
 
 def _check_int(value: object, name: str) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"Distribution({name}): {name} must be an int, not {type(value).__name__}")
+        raise arg_type_error("Distribution", name, "an int", value)
     if value < 0:
-        raise ValueError(f"Distribution({name}): {name} must be >= 0, got {value}")
+        raise arg_value_error("Distribution", name, f"must be >= 0, got {value}")
     return value
 
 
 def _check_float(value: object, name: str) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise TypeError(f"Distribution({name}): {name} must be a float, not {type(value).__name__}")
+        raise arg_type_error("Distribution", name, "a float", value)
     try:
         return float(value)
     except OverflowError:
         # An int past the float range: a JSON line's 400-digit "sum" is bad
         # input, not a crash (docs/api.md, Distribution).
         digits = len(str(abs(value))) if abs(value) < 10**4000 else "over 4000"
-        raise ValueError(
-            f"Distribution({name}): {name} must be within the float range, "
-            f"got an int of {digits} digits"
+        raise arg_value_error(
+            "Distribution", name, f"must be within the float range, got an int of {digits} digits"
         ) from None
 
 
 def _check_buckets(buckets: object, name: str) -> tuple[tuple[int, int], ...]:
     if isinstance(buckets, (str, bytes)) or not isinstance(buckets, Iterable):
-        raise TypeError(
-            f"Distribution({name}): {name} must be an iterable of (index, count) pairs, "
-            f"not {type(buckets).__name__}"
-        )
+        raise arg_type_error("Distribution", name, "an iterable of (index, count) pairs", buckets)
     checked: list[tuple[int, int]] = []
     previous = MIN_INDEX - 1
     for pair in buckets:
@@ -200,37 +200,48 @@ def _check_buckets(buckets: object, name: str) -> tuple[tuple[int, int], ...]:
                 continue
         if isinstance(pair, (str, bytes)) or not isinstance(pair, Iterable):
             raise TypeError(
-                f"Distribution({name}): {name} must hold (index, count) pairs, "
-                f"not {type(pair).__name__}"
+                arg_message(
+                    "Distribution",
+                    name,
+                    f"must hold (index, count) pairs, not {type(pair).__name__}",
+                )
             )
         items = tuple(pair)
         if len(items) != 2:
-            raise ValueError(
-                f"Distribution({name}): {name} must hold (index, count) pairs, "
-                f"got {_short_repr(items)}"
+            raise arg_value_error(
+                "Distribution", name, f"must hold (index, count) pairs, got {_short_repr(items)}"
             )
         index, count = items
         if isinstance(index, bool) or not isinstance(index, int):
             raise TypeError(
-                f"Distribution({name}): a bucket index must be an int, not {type(index).__name__}"
+                arg_message(
+                    "Distribution",
+                    name,
+                    f"must hold int bucket indices, not {type(index).__name__}",
+                )
             )
         if isinstance(count, bool) or not isinstance(count, int):
             raise TypeError(
-                f"Distribution({name}): a bucket count must be an int, not {type(count).__name__}"
+                arg_message(
+                    "Distribution", name, f"must hold int bucket counts, not {type(count).__name__}"
+                )
             )
         if not MIN_INDEX <= index <= MAX_INDEX:
-            raise ValueError(
-                f"Distribution({name}): bucket index {index} holds no finite double at "
-                f"scale 6 (must be in {MIN_INDEX}..{MAX_INDEX})"
+            raise arg_value_error(
+                "Distribution",
+                name,
+                f"has bucket index {index}, which holds no finite double at scale 6 "
+                f"(must be in {MIN_INDEX}..{MAX_INDEX})",
             )
         if count <= 0:
-            raise ValueError(
-                f"Distribution({name}): the count of bucket {index} must be > 0, got {count}"
+            raise arg_value_error(
+                "Distribution", name, f"must count > 0 samples in bucket {index}, got {count}"
             )
         if checked and index <= checked[-1][0]:
-            raise ValueError(
-                f"Distribution({name}): bucket indices must be strictly ascending "
-                f"({checked[-1][0]} then {index})"
+            raise arg_value_error(
+                "Distribution",
+                name,
+                f"must have strictly ascending bucket indices ({checked[-1][0]} then {index})",
             )
         checked.append((index, count))
         previous = index
@@ -289,16 +300,20 @@ def _check_extremes(
     and min <= max. Checked so that quantiles clamped into [min, max] never
     come from extremes the buckets contradict."""
     if not math.isnan(low) and not math.isnan(high) and low > high:
-        raise ValueError(f"Distribution(min): min must be <= max, got min={low!r}, max={high!r}")
+        raise arg_value_error(
+            "Distribution", "min", f"must be <= max, got min={low!r}, max={high!r}"
+        )
     places = _extreme_places(ints, positive, negative)
     if places is None:  # no non-NaN sample: the extremes are whatever the window held
         return
     lowest, highest = places
     for name, value, place in (("min", low, lowest), ("max", high, highest)):
         if not math.isnan(value) and _place(value) != place:
-            raise ValueError(
-                f"Distribution({name}): {name} {value!r} is not in {_place_text(place)}, "
-                f"where the {'smallest' if name == 'min' else 'largest'} sample is counted"
+            raise arg_value_error(
+                "Distribution",
+                name,
+                f"{value!r} is not in {_place_text(place)}, where the "
+                f"{'smallest' if name == 'min' else 'largest'} sample is counted",
             )
 
 
@@ -385,11 +400,11 @@ class Distribution:
         negative: Iterable[tuple[int, int]] = (),
     ) -> None:
         if isinstance(scale, bool) or not isinstance(scale, int):
-            raise TypeError(
-                f"Distribution(scale): scale must be an int, not {type(scale).__name__}"
-            )
+            raise arg_type_error("Distribution", "scale", "an int", scale)
         if scale != SCALE:
-            raise ValueError(f"Distribution(scale): only scale 6 is supported, got {scale}")
+            raise arg_value_error(
+                "Distribution", "scale", f"must be 6 (the only one supported), got {scale}"
+            )
         ints = {
             "count": _check_int(count, "count"),
             "zero_count": _check_int(zero_count, "zero_count"),
@@ -411,9 +426,11 @@ class Distribution:
             + _bucket_total(neg)
         )
         if counted != ints["count"]:
-            raise ValueError(
-                f"Distribution(count): count must equal the samples counted in the buckets, "
-                f"zeros, NaNs and infinities ({counted}), got {ints['count']}"
+            raise arg_value_error(
+                "Distribution",
+                "count",
+                "must equal the samples counted in the buckets, zeros, NaNs and infinities "
+                f"({counted}), got {ints['count']}",
             )
         _check_extremes(low, high, ints, pos, neg)
         _set(self, SCALE, ints["count"], total_sum, low, high, ints["zero_count"],
@@ -507,14 +524,12 @@ class Distribution:
         of the bucket below; ``lower == upper`` for the subnormal buckets
         that hold no double)."""
         if isinstance(index, bool) or not isinstance(index, int):
-            raise TypeError(
-                f"Distribution.bucket_bounds(index): index must be an int, "
-                f"not {type(index).__name__}"
-            )
+            raise arg_type_error("Distribution.bucket_bounds", "index", "an int", index)
         if not MIN_INDEX <= index <= MAX_INDEX:
-            raise ValueError(
-                f"Distribution.bucket_bounds(index): bucket {index} holds no finite double "
-                f"(index must be in {MIN_INDEX}..{MAX_INDEX})"
+            raise arg_value_error(
+                "Distribution.bucket_bounds",
+                "index",
+                f"must be in {MIN_INDEX}..{MAX_INDEX} (bucket {index} holds no finite double)",
             )
         return _upper(index - 1), _upper(index)
 
@@ -523,9 +538,9 @@ class Distribution:
         samples, as its bucket's representative (docs/api.md, "Distribution"):
         0.0 when the window had no sample, NaN when every sample was NaN."""
         if isinstance(q, bool) or not isinstance(q, (int, float)):
-            raise TypeError(f"Distribution.quantile(q): q must be a float, not {type(q).__name__}")
+            raise arg_type_error("Distribution.quantile", "q", "a float", q)
         if not 0.0 <= q <= 1.0:
-            raise ValueError(f"Distribution.quantile(q): q must be in [0, 1], got {q!r}")
+            raise arg_value_error("Distribution.quantile", "q", f"must be in [0, 1], got {q!r}")
         if self._count == 0:
             return 0.0
         n = self._count - self._nan_count
@@ -579,13 +594,12 @@ class Distribution:
         that quantiles are estimated unclamped. Both must have the same scale
         (every Distribution is scale 6 today; no downscaling is done)."""
         if not isinstance(other, Distribution):
-            raise TypeError(
-                f"Distribution.merge(other): other must be a Distribution, "
-                f"not {type(other).__name__}"
-            )
+            raise arg_type_error("Distribution.merge", "other", "a Distribution", other)
         if other._scale != self._scale:
-            raise ValueError(
-                f"Distribution.merge(other): other has scale {other._scale}, this one {self._scale}"
+            raise arg_value_error(
+                "Distribution.merge",
+                "other",
+                f"has scale {other._scale}, this one {self._scale}",
             )
         known = self._count - self._nan_count
         other_known = other._count - other._nan_count
@@ -632,16 +646,14 @@ class Distribution:
         constructor checks its arguments; an unknown or missing key is a
         ValueError naming it)."""
         if not isinstance(d, Mapping):
-            raise TypeError(
-                f"Distribution.from_dict(d): d must be a mapping, not {type(d).__name__}"
-            )
+            raise arg_type_error("Distribution.from_dict", "d", "a mapping", d)
         known = {"scale", "positive", "negative", *_INT_FIELDS, *_FLOAT_FIELDS}
         for key in d:
             if key not in known:
-                raise ValueError(f"Distribution.from_dict(d): unknown key {key!r}")
+                raise arg_value_error("Distribution.from_dict", "d", f"has an unknown key {key!r}")
         for key in ("count", *_FLOAT_FIELDS):
             if key not in d:
-                raise ValueError(f"Distribution.from_dict(d): missing key {key!r}")
+                raise arg_value_error("Distribution.from_dict", "d", f"is missing the key {key!r}")
         kwargs = dict(d)
         for key in _FLOAT_FIELDS:
             kwargs[key] = _decode_float(kwargs[key], key)

@@ -1,8 +1,9 @@
 """The one format of an argument error, shared with the native module
 (``arg_message`` in src/py_convert.rs): the call, the argument, then the
 argument again as the subject of the problem, e.g.
-``WaitCounter(window_size): window_size must be finite, got nan``
-(docs/api.md)."""
+``WaitCounter(key): key must be a str, not int`` (docs/api.md). Every
+argument error of the package is made here: tests/api/test_error_format.py
+fails on a hand-written ``raise TypeError("...")``/``raise ValueError(...)``."""
 
 from __future__ import annotations
 

@@ -18,6 +18,7 @@ from collections.abc import Iterable
 from types import FrameType
 
 from . import _core, _tensors
+from ._errors import arg_message, arg_type_error, arg_value_error
 from ._errors import report_unraisable as _report_unraisable
 
 # typing costs about 9 ms of `import torchmon` (docs/performance.md): its
@@ -60,13 +61,10 @@ def _timeout_arg(timeout: object, where: str) -> float | None:
     if timeout is None:
         return None
     if isinstance(timeout, bool) or not isinstance(timeout, (int, float)):
-        raise TypeError(
-            f"{where}(timeout): timeout must be a number of seconds or None, "
-            f"not {type(timeout).__name__}"
-        )
+        raise arg_type_error(where, "timeout", "a number of seconds or None", timeout)
     seconds = float(timeout)
     if not seconds >= 0.0:  # also NaN
-        raise ValueError(f"{where}(timeout): timeout must be >= 0 seconds, got {timeout!r}")
+        raise arg_value_error(where, "timeout", f"must be >= 0 seconds, got {timeout!r}")
     return seconds
 
 
@@ -318,9 +316,8 @@ def _signals_arg(signals: object) -> list[int]:
     try:
         items = list(signals)  # type: ignore[call-overload]
     except TypeError:
-        raise TypeError(
-            "flush_on_signals(signals): signals must be an iterable of signal numbers, "
-            f"not {type(signals).__name__}"
+        raise arg_type_error(
+            "flush_on_signals", "signals", "an iterable of signal numbers", signals
         ) from None
     result: list[int] = []
     uncatchable = {getattr(signal, n) for n in ("SIGKILL", "SIGSTOP") if hasattr(signal, n)}
@@ -328,14 +325,20 @@ def _signals_arg(signals: object) -> list[int]:
     for item in items:
         if isinstance(item, bool) or not isinstance(item, int):
             raise TypeError(
-                "flush_on_signals(signals): every signal must be an int or a signal.Signals, "
-                f"not {type(item).__name__}"
+                arg_message(
+                    "flush_on_signals",
+                    "signals",
+                    f"must hold ints or signal.Signals, not {type(item).__name__}",
+                )
             )
         if item not in valid:
-            raise ValueError(f"flush_on_signals(signals): {item} is not a valid signal number")
+            raise arg_value_error(
+                "flush_on_signals", "signals", f"must not hold {item}: not a valid signal number"
+            )
         if item in uncatchable:
-            raise ValueError(
-                f"flush_on_signals(signals): {signal.Signals(item).name} cannot be caught"
+            name = signal.Signals(item).name
+            raise arg_value_error(
+                "flush_on_signals", "signals", f"must not hold {name}: {name} cannot be caught"
             )
         if int(item) not in result:
             result.append(int(item))
@@ -370,14 +373,17 @@ def flush_on_signals(
         signals = tuple(getattr(signal, n) for n in ("SIGTERM", "SIGHUP") if hasattr(signal, n))
     seconds = _timeout_arg(timeout, "flush_on_signals")
     if seconds is None:
-        raise TypeError("flush_on_signals(timeout): timeout must be a number of seconds")
+        raise arg_type_error("flush_on_signals", "timeout", "a number of seconds", timeout)
     wanted = _signals_arg(signals)
     previous = {signum: signal.getsignal(signum) for signum in wanted}
     for signum, handler in previous.items():
         if handler is None:
-            raise ValueError(
-                f"flush_on_signals(signals): {signal.Signals(signum).name} has a handler "
-                "that was not installed from Python; torchmon cannot call it after the flush"
+            name = signal.Signals(signum).name
+            raise arg_value_error(
+                "flush_on_signals",
+                "signals",
+                f"must not hold {name}: {name} has a handler that was not installed from "
+                "Python; torchmon cannot call it after the flush",
             )
     installed: dict[int, _OnSignal] = {}
     for signum, handler in previous.items():

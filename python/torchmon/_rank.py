@@ -5,13 +5,15 @@ per-rank file names (``JsonlEventHandler.for_rank``); see docs/api.md
 ("`rank_info` and the per-rank sinks") and docs/guide.md ("Multi-node setups").
 
 ``import torchmon`` loads this module when ``rank_info`` is first used, and
-it imports only ``os`` (``socket`` when called): docs/performance.md,
+it imports only ``os`` and ``_errors`` (``socket`` when called): docs/performance.md,
 "`import torchmon`".
 """
 
 from __future__ import annotations
 
 import os
+
+from ._errors import arg_type_error, arg_value_error
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -70,12 +72,15 @@ class RankInfo:
         }
         for name, number in ints.items():
             if isinstance(number, bool) or not isinstance(number, int):
-                raise TypeError(f"RankInfo({name}): must be an int, not {type(number).__name__}")
+                raise arg_type_error("RankInfo", name, "an int", number)
         if run_id is not None and not isinstance(run_id, str):
-            raise TypeError(f"RankInfo(run_id): must be a str or None, not {type(run_id).__name__}")
+            raise arg_type_error("RankInfo", "run_id", "a str or None", run_id)
         if not isinstance(host, str):
-            raise TypeError(f"RankInfo(host): must be a str, not {type(host).__name__}")
-        _check_ranks(ints, {name: name for name in ints}, "RankInfo")
+            raise arg_type_error("RankInfo", "host", "a str", host)
+        contradiction = _rank_contradiction(ints, {name: name for name in ints})
+        if contradiction is not None:
+            field, problem = contradiction
+            raise arg_value_error("RankInfo", field, f"{problem}, got {ints[field]}")
         for name, value in (*ints.items(), ("run_id", run_id), ("host", host)):
             object.__setattr__(self, name, value)
 
@@ -99,17 +104,16 @@ class RankInfo:
         """``template.format(...)`` with this record's fields and ``node``:
         ``rank_info().format("events-rank{rank}.jsonl")``."""
         if not isinstance(template, str):
-            raise TypeError(
-                f"RankInfo.format(template): must be a str, not {type(template).__name__}"
-            )
+            raise arg_type_error("RankInfo.format", "template", "a str", template)
         fields = {name: getattr(self, name) for name in _FIELDS}
         fields["node"] = self.group_rank
         try:
             return template.format(**fields)
         except (KeyError, IndexError) as exc:
-            raise ValueError(
-                f"RankInfo.format(template): {template!r} names {exc}, which is not one of "
-                f"{', '.join((*_FIELDS, 'node'))}"
+            raise arg_value_error(
+                "RankInfo.format",
+                "template",
+                f"{template!r} names {exc}, which is not one of {', '.join((*_FIELDS, 'node'))}",
             ) from None
 
     def _values(self) -> tuple[object, ...]:
@@ -141,24 +145,28 @@ def _restore(*values: object) -> RankInfo:
     return RankInfo(**dict(zip(_FIELDS, values)))  # type: ignore[arg-type]
 
 
-def _check_ranks(values: Mapping[str, int], names: Mapping[str, str], where: str) -> None:
-    """Raises ValueError when the ranks contradict each other; ``names`` maps
-    each field to what the message calls it (a variable or an argument)."""
+def _rank_contradiction(
+    values: Mapping[str, int], names: Mapping[str, str]
+) -> tuple[str, str] | None:
+    """``(field, "must be < world_size=2")`` for the first field that
+    contradicts the others, None when they agree; ``names`` maps each field
+    to what the message calls it (a variable or an argument)."""
 
     def shown(field: str) -> str:
         return f"{names[field]}={values[field]}"
 
     for field in ("world_size", "local_world_size"):
         if values[field] < 1:
-            raise ValueError(f"{where}: {shown(field)} must be >= 1")
+            return field, "must be >= 1"
     for field in ("rank", "local_rank", "group_rank"):
         if values[field] < 0:
-            raise ValueError(f"{where}: {shown(field)} must be >= 0")
+            return field, "must be >= 0"
     for field, size in (("rank", "world_size"), ("local_rank", "local_world_size")):
         if values[field] >= values[size]:
-            raise ValueError(f"{where}: {shown(field)} must be < {shown(size)}")
+            return field, f"must be < {shown(size)}"
     if values["local_world_size"] > values["world_size"]:
-        raise ValueError(f"{where}: {shown('local_world_size')} must be <= {shown('world_size')}")
+        return "local_world_size", f"must be <= {shown('world_size')}"
+    return None
 
 
 # The variable torchrun sets for each field, and the value outside torchrun.
@@ -210,7 +218,13 @@ def rank_info(environ: Mapping[str, str] | None = None) -> RankInfo:
     if "LOCAL_WORLD_SIZE" not in environ:
         # Launchers other than torchrun may set LOCAL_RANK alone: assume one node.
         values["local_world_size"] = values["world_size"]
-    _check_ranks(values, {field: variable for field, (variable, _) in _ENV.items()}, "rank_info")
+    names = {field: variable for field, (variable, _) in _ENV.items()}
+    contradiction = _rank_contradiction(values, names)
+    if contradiction is not None:
+        field, problem = contradiction
+        raise ValueError(
+            f"rank_info: environment variable {names[field]}={values[field]} {problem}"
+        )
     run_id = environ.get("TORCHELASTIC_RUN_ID")
     if run_id is not None and not isinstance(run_id, str):
         raise TypeError(

@@ -20,7 +20,7 @@ import time
 import weakref
 from datetime import timedelta
 
-from ._core import Aggregation, Stat
+from ._core import Aggregation, Stat, _window_ms
 from ._errors import arg_type_error, arg_value_error, report_unraisable
 from ._forksafe import new_lock
 
@@ -230,8 +230,11 @@ class SystemStats:
         io: bool = True,
     ) -> None:
         self._interval = _interval_seconds(interval)
-        _check_window_size(window_size)
-        self._window_size = window_size
+        # The one window rule (docs/api.md, "Window sizes"), now rather than
+        # on the sampler thread.
+        self._window_size = timedelta(
+            milliseconds=_window_ms("SystemStats", "window_size", window_size)
+        )
         if not isinstance(source, str):
             raise arg_type_error("SystemStats", "source", "a str", source)
         if source not in _SOURCES:
@@ -601,15 +604,6 @@ def _interval_seconds(interval: object) -> float:
             f"got {interval!r}",
         )
     return seconds
-
-
-def _check_window_size(window_size: object) -> None:
-    """Stat's own checks, now rather than on the sampler thread."""
-    try:
-        probe = Stat("torchmon.SystemStats.window_size", [], window_size)  # type: ignore[arg-type]
-    except (TypeError, ValueError) as exc:
-        raise type(exc)(f"SystemStats(window_size): {exc}") from None
-    del probe  # no sample: destroying it emits nothing
 
 
 def _after_fork_in_child() -> None:

@@ -30,6 +30,7 @@ import threading
 from types import ModuleType
 
 from . import _compiled, _core, _forksafe
+from ._errors import arg_message, arg_value_error
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # typing is not imported by `import torchmon`
@@ -60,31 +61,38 @@ def _check_values(values: Any, where: str, one_value: bool) -> None:
         # (.item() and .tolist() fail on most of them, with torch's messages).
         if values.is_nested:
             raise TypeError(
-                f"{where}({argument}): a nested torch.Tensor (layout {values.layout}) "
-                f"is not supported, only dense tensors are"
+                arg_message(
+                    where,
+                    argument,
+                    f"must be a dense torch.Tensor, not a nested one (layout {values.layout})",
+                )
             )
         raise TypeError(
-            f"{where}({argument}): a torch.Tensor with layout {values.layout} is not "
-            f"supported, only dense (torch.strided) tensors are: convert it with .to_dense()"
+            arg_message(
+                where,
+                argument,
+                "must be a dense (torch.strided) torch.Tensor, not one with layout "
+                f"{values.layout}: convert it with .to_dense()",
+            )
         )
     if values.is_complex():
         raise TypeError(
-            f"{where}({argument}): a complex tensor ({values.dtype}) is not a real number"
+            arg_message(where, argument, f"must be real, not a complex tensor ({values.dtype})")
         )
     if values.is_meta:
-        raise ValueError(
-            f"{where}({argument}): a tensor on the meta device has no values to record"
+        raise arg_value_error(
+            where, argument, "must not be on the meta device, which has no values to record"
         )
     if one_value:
         if values.numel() != 1:
-            raise ValueError(
-                f"{where}({argument}): the tensor must hold one number, "
-                f"not {values.numel()} (shape {tuple(values.shape)})"
+            raise arg_value_error(
+                where,
+                argument,
+                f"must hold one number, not {values.numel()} (shape {tuple(values.shape)})",
             )
     elif values.dim() != 1:
-        raise ValueError(
-            f"{where}({argument}): must be one-dimensional, "
-            f"not a tensor of shape {tuple(values.shape)}"
+        raise arg_value_error(
+            where, argument, f"must be one-dimensional, not a tensor of shape {tuple(values.shape)}"
         )
 
 

@@ -11,14 +11,14 @@ keys ``<key>.count``, ``<key>.sum`` and ``<key>.max``.
 from __future__ import annotations
 
 import functools
-import math
 import time
 import types
 from collections.abc import Callable
 from datetime import timedelta
 from types import TracebackType
 
-from ._core import MAX_STAT_NAME_LENGTH, Aggregation, Stat, _window_ms_of_seconds
+from ._core import MAX_STAT_NAME_LENGTH, Aggregation, Stat
+from ._core import _window_ms as _core_window_ms
 from ._errors import arg_message, arg_type_error, arg_value_error, report_unraisable
 from ._forksafe import new_lock
 
@@ -27,7 +27,6 @@ __all__ = ["WaitCounter", "_WaitCounter", "_WaitCounterTracker"]
 _DEFAULT_WINDOW = timedelta(seconds=60)
 _AGGREGATIONS = (Aggregation.COUNT, Aggregation.SUM, Aggregation.MAX)
 _MS = timedelta(milliseconds=1)
-_MAX_WINDOW_MS = timedelta.max // _MS
 
 # One Stat per key for the whole process, as torch's counters are global:
 # key -> (window in ms, Stat). Kept (only _discard_counter removes one), so a
@@ -82,28 +81,9 @@ def _check_key_length(key: str, owner: str) -> None:
 
 
 def _window_ms(window_size: object, owner: str) -> int:
-    """``window_size`` (a timedelta or a number of seconds) in whole milliseconds."""
-    if isinstance(window_size, timedelta):
-        ms = window_size // _MS
-    elif isinstance(window_size, int) and not isinstance(window_size, bool):
-        ms = window_size * 1000
-    elif isinstance(window_size, float):
-        if not math.isfinite(window_size):
-            raise arg_value_error(owner, "window_size", f"must be finite, got {window_size!r}")
-        # Stat's own conversion (docs/api.md): the decimal that repr shows,
-        # truncated, so that 1.001 s is 1001 ms in both.
-        ms = _window_ms_of_seconds(window_size)
-    else:
-        raise arg_type_error(
-            owner, "window_size", "a datetime.timedelta or a number of seconds", window_size
-        )
-    if ms < 1:
-        raise arg_value_error(
-            owner, "window_size", f"must be at least 1 millisecond, got {window_size!r}"
-        )
-    if ms > _MAX_WINDOW_MS:  # WaitCounter.window_size is a timedelta
-        raise arg_value_error(owner, "window_size", f"is too large, got {window_size!r} s")
-    return int(ms)
+    """``window_size`` in whole milliseconds, by the one window rule
+    (docs/api.md, "Window sizes"), which lives in the binding."""
+    return _core_window_ms(owner, "window_size", window_size)
 
 
 def _stat_for(key: str, window_ms: int | None, owner: str) -> tuple[int, Stat]:
@@ -245,7 +225,7 @@ class _WaitCounterTracker:
 
     def __call__(self, func: _F) -> _F:
         if not callable(func):
-            raise TypeError(f"guard() as a decorator needs a callable, not {type(func).__name__}")
+            raise arg_type_error("guard", "func", "a callable", func)
         # inspect costs `import torchmon` about as much as the rest of it
         # together: imported when a function is decorated (docs/performance.md).
         import inspect
@@ -259,9 +239,13 @@ class _WaitCounterTracker:
                 # Awaited, not iterated: its suspensions are the event loop's,
                 # and a generator wrapper could not be awaited any more.
                 raise TypeError(
-                    f"guard() cannot time {func!r}: a generator-based coroutine "
-                    "(types.coroutine); make it an async def, or time the code that "
-                    "awaits it with `with counter.guard():`"
+                    arg_message(
+                        "guard",
+                        "func",
+                        f"cannot be {func!r}: a generator-based coroutine "
+                        "(types.coroutine), which guard() cannot time; make it an async "
+                        "def, or time the code that awaits it with `with counter.guard():`",
+                    )
                 )
             return cast("_F", _timed_generator_function(func, stat))
         if inspect.iscoroutinefunction(target):

@@ -16,6 +16,7 @@ import operator
 from types import TracebackType
 
 from . import _core
+from ._errors import arg_type_error, arg_value_error
 
 __all__ = ["ManualClock"]
 
@@ -23,25 +24,23 @@ __all__ = ["ManualClock"]
 _MAX_MS = 2**63 - 1
 
 
-def _milliseconds(value: int, what: str) -> int:
+def _milliseconds(value: int, call: str, arg: str) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
         try:
             value = operator.index(value)
         except TypeError:
-            raise TypeError(
-                f"ManualClock: {what} must be an int number of milliseconds, "
-                f"not {type(value).__name__}"
-            ) from None
+            raise arg_type_error(call, arg, "an int number of milliseconds", value) from None
     return value
 
 
-def _clock_time(ms: int, where: str) -> int:
-    """``ms`` if the clock can show it; ``where`` names the call for the error."""
+def _clock_time(ms: int, call: str, arg: str) -> int:
+    """``ms`` if the clock can show it; ``call`` and ``arg`` name the argument
+    that set it, in the one format of an argument error (``_errors.py``)."""
     if ms < 0:
-        raise ValueError(f"{where}: must be >= 0, got {ms}")
+        raise arg_value_error(call, arg, f"must be >= 0, got {ms}")
     if ms > _MAX_MS:
         # Not the value itself: a huge int may not even convert to a string.
-        raise ValueError(f"{where}: the clock cannot go past 2**63 - 1 ms")
+        raise arg_value_error(call, arg, "cannot take the clock past 2**63 - 1 ms")
     return ms
 
 
@@ -56,8 +55,8 @@ class ManualClock:
     __slots__ = ("_active", "_now_ms", "_previous")
 
     def __init__(self, start_ms: int = 0) -> None:
-        start_ms = _milliseconds(start_ms, "start_ms")
-        self._now_ms = _clock_time(start_ms, "ManualClock(start_ms)")
+        start_ms = _milliseconds(start_ms, "ManualClock", "start_ms")
+        self._now_ms = _clock_time(start_ms, "ManualClock", "start_ms")
         self._previous: int | None = None
         self._active = False
 
@@ -68,15 +67,16 @@ class ManualClock:
 
     def set(self, ms: int) -> None:
         """Jumps to ``ms`` milliseconds."""
-        ms = _clock_time(_milliseconds(ms, "ms"), "ManualClock.set(ms)")
+        ms = _clock_time(_milliseconds(ms, "ManualClock.set", "ms"), "ManualClock.set", "ms")
         self._now_ms = ms
         if self._active:
             _core._set_clock_ms(ms)
 
     def advance(self, ms: int) -> None:
         """Moves the clock forward by ``ms`` milliseconds (0 is allowed)."""
-        ms = _clock_time(_milliseconds(ms, "ms"), "ManualClock.advance(ms)")
-        self.set(_clock_time(self._now_ms + ms, "ManualClock.advance(ms)"))
+        call = "ManualClock.advance"
+        ms = _clock_time(_milliseconds(ms, call, "ms"), call, "ms")
+        self.set(_clock_time(self._now_ms + ms, call, "ms"))
 
     def __enter__(self) -> ManualClock:
         if self._active:

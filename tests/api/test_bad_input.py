@@ -347,18 +347,17 @@ def test_python_and_native_argument_errors_share_one_format() -> None:
     assert str(native_value.value) == "Stat(window_size): window_size must be finite, not NaN"
     helper_value = arg_value_error("Stat", "window_size", "must be finite, not NaN")
     assert str(helper_value) == str(native_value.value)
-    # WaitCounter is written in Python and uses the same format.
+    # WaitCounter is written in Python and uses the same format. (Its
+    # window_size goes through the binding's window rule: test_window_rule.py.)
     with pytest.raises(ValueError) as python_value:
-        torchmon.WaitCounter("entry.points", math.nan)
-    assert (
-        str(python_value.value) == "WaitCounter(window_size): window_size must be finite, got nan"
+        torchmon.WaitCounter("k" * 201)
+    assert str(python_value.value) == (
+        "WaitCounter(key): key must be at most 200 characters (it names the counter's Stat), "
+        "got 201"
     )
     with pytest.raises(TypeError) as python_type:
-        torchmon.WaitCounter("entry.points", "1")  # type: ignore[arg-type]
-    assert str(python_type.value) == (
-        "WaitCounter(window_size): window_size must be a datetime.timedelta or a number "
-        "of seconds, not str"
-    )
+        torchmon.WaitCounter(1)  # type: ignore[arg-type]
+    assert str(python_type.value) == "WaitCounter(key): key must be a str, not int"
 
 
 # --- Event(name) ----------------------------------------------------------------
@@ -795,19 +794,20 @@ def test_manual_clock_rejects_times_the_clock_cannot_show(active: bool) -> None:
     with contextlib.ExitStack() as stack:
         if active:
             stack.enter_context(clock)
-        with pytest.raises(ValueError, match=r"^ManualClock\.set\(ms\): must be >= 0, got -1$"):
+        # The one format of an argument error (python/torchmon/_errors.py).
+        with pytest.raises(ValueError, match=r"^ManualClock\.set\(ms\): ms must be >= 0, got -1$"):
             clock.set(-1)
-        past = r"the clock cannot go past 2\*\*63 - 1 ms$"
-        with pytest.raises(ValueError, match=r"^ManualClock\.set\(ms\): " + past):
+        past = r"cannot take the clock past 2\*\*63 - 1 ms$"
+        with pytest.raises(ValueError, match=r"^ManualClock\.set\(ms\): ms " + past):
             clock.set(2**63)
-        with pytest.raises(ValueError, match=r"^ManualClock\.set\(ms\): " + past):
+        with pytest.raises(ValueError, match=r"^ManualClock\.set\(ms\): ms " + past):
             clock.set(10**5000)  # too large even to convert to a string
         assert clock.now_ms == 5
         clock.set(2**63 - 1)  # the last millisecond is fine
-        with pytest.raises(ValueError, match=r"^ManualClock\.advance\(ms\): " + past):
+        with pytest.raises(ValueError, match=r"^ManualClock\.advance\(ms\): ms " + past):
             clock.advance(1)
         assert clock.now_ms == 2**63 - 1
         if active:
             assert torchmon._core._clock_ms() == 2**63 - 1
-    with pytest.raises(ValueError, match=r"^ManualClock\(start_ms\): " + past):
+    with pytest.raises(ValueError, match=r"^ManualClock\(start_ms\): start_ms " + past):
         ManualClock(2**63)

@@ -287,7 +287,7 @@ def test_from_dict_errors() -> None:
     good = from_samples([1.0]).to_dict()
     with pytest.raises(ValueError, match="unknown key 'extra'"):
         Distribution.from_dict({**good, "extra": 1})
-    with pytest.raises(ValueError, match="missing key 'sum'"):
+    with pytest.raises(ValueError, match="missing the key 'sum'"):
         Distribution.from_dict({k: v for k, v in good.items() if k != "sum"})
     with pytest.raises(ValueError, match=r"d\['max'\]"):
         Distribution.from_dict({**good, "max": {"$float": "huge"}})

@@ -118,11 +118,13 @@ def test_the_record_is_immutable_hashable_and_picklable() -> None:
 
 
 def test_constructor_checks_its_arguments() -> None:
-    with pytest.raises(TypeError, match=r"RankInfo\(rank\): must be an int, not str"):
+    # The one format of an argument error (python/torchmon/_errors.py).
+    with pytest.raises(TypeError, match=r"RankInfo\(rank\): rank must be an int, not str"):
         torchmon.RankInfo(rank="0")  # type: ignore[arg-type]
-    with pytest.raises(TypeError, match=r"RankInfo\(world_size\): must be an int, not bool"):
+    world_size = r"RankInfo\(world_size\): world_size must be an int, not bool"
+    with pytest.raises(TypeError, match=world_size):
         torchmon.RankInfo(world_size=True)
-    with pytest.raises(ValueError, match=r"^RankInfo: rank=2 must be < world_size=2$"):
+    with pytest.raises(ValueError, match=r"^RankInfo\(rank\): rank must be < world_size=2, got 2$"):
         torchmon.RankInfo(rank=2, world_size=2, local_world_size=2)
     with pytest.raises(TypeError, match=r"RankInfo\(run_id\)"):
         torchmon.RankInfo(run_id=3)  # type: ignore[arg-type]

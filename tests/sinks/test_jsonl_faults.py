@@ -83,9 +83,10 @@ def test_errors_skip_skips_unreadable_lines_and_counts_them(tmp_path: Path) -> N
 
 
 def test_errors_argument_is_checked(tmp_path: Path) -> None:
-    with pytest.raises(ValueError, match=r"read_jsonl\(errors\): must be 'raise' or 'skip'"):
+    with pytest.raises(ValueError, match=r"read_jsonl\(errors\): errors must be 'raise' or 'skip'"):
         read_jsonl(tmp_path / "e.jsonl", errors="ignore")
-    with pytest.raises(TypeError, match=r"read_jsonl\(errors\): must be a str, not NoneType"):
+    not_a_str = r"read_jsonl\(errors\): errors must be a str, not NoneType"
+    with pytest.raises(TypeError, match=not_a_str):
         read_jsonl(tmp_path / "e.jsonl", errors=None)  # type: ignore[arg-type]
 
 

@@ -156,11 +156,15 @@ def test_handler_options_override_the_defaults(
 @pytest.mark.parametrize(
     ("kwargs", "error", "message"),
     [
-        ({"port_base": "9400"}, TypeError, r"serve\(port_base\): must be an int, not str"),
-        ({"port_base": True}, TypeError, r"serve\(port_base\): must be an int, not bool"),
+        (
+            {"port_base": "9400"},
+            TypeError,
+            r"\(port_base\): port_base must be an int, not str",
+        ),
+        ({"port_base": True}, TypeError, r"\(port_base\): port_base must be an int, not bool"),
         ({"port_base": 65535}, ValueError, r"65535 \+ LOCAL_RANK 1 = 65536 is not a port"),
-        ({"port_base": -5}, ValueError, r"serve\(port_base\): -5"),
-        ({"host": 1}, TypeError, r"serve\(host\): must be a str, not int"),
+        ({"port_base": -5}, ValueError, r"serve\(port_base\): port_base -5"),
+        ({"host": 1}, TypeError, r"serve\(host\): host must be a str, not int"),
         ({"prefix": "1x"}, ValueError, r"PrometheusEventHandler\(prefix\)"),
     ],
 )

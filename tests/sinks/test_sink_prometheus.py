@@ -207,7 +207,8 @@ def test_a_label_named_le_is_refused_and_one_named_quantile_is_not() -> None:
     this handler exports none."""
     for options in ({}, {"histogram_buckets_per_octave": None}):
         with pytest.raises(
-            ValueError, match=r"^PrometheusEventHandler\(labels\): invalid label name 'le' "
+            ValueError,
+            match=r"^PrometheusEventHandler\(labels\): labels has an invalid label name 'le' ",
         ):
             PrometheusEventHandler(registry=CollectorRegistry(), labels={"le": "1"}, **options)
     with pytest.raises(ValueError, match=r"PrometheusEventHandler\(labels\): .*'le'"):

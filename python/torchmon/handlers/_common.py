@@ -11,6 +11,8 @@ from collections.abc import Mapping
 from types import TracebackType
 from typing import Any, Callable, TypeVar
 
+from .._errors import arg_message, arg_type_error
+
 __all__ = [
     "ClosesOnExit",
     "check_mapping",
@@ -38,7 +40,8 @@ def require(owner: str, module: str, *, library: str, pip_name: str, extra: str)
 
 def check_mapping(
     mapping: object,
-    where: str,
+    call: str,
+    arg: str,
     *,
     expected: str,
     key_noun: str,
@@ -49,19 +52,22 @@ def check_mapping(
     """``mapping`` (a handler's constant labels or attributes) as a new dict,
     after checking that it is a mapping (``expected`` says of what), that its
     keys are ``str`` and pass ``check_key``, and that its values are instances
-    of ``value_types`` (named ``value_text``); ``None`` is an empty dict."""
+    of ``value_types`` (named ``value_text``); ``None`` is an empty dict.
+    Errors name ``call`` and ``arg`` in the one format (``_errors.py``)."""
     if mapping is None:
         return {}
     if not isinstance(mapping, Mapping):
-        raise TypeError(f"{where}: must be a mapping of {expected}, not {type(mapping).__name__}")
+        raise arg_type_error(call, arg, f"a mapping of {expected}", mapping)
     checked: dict[str, Any] = {}
     for key, value in mapping.items():
         if not isinstance(key, str):
-            raise TypeError(f"{where}: {key_noun} must be str, not {key!r}")
+            raise TypeError(arg_message(call, arg, f"must have str {key_noun}, not {key!r}"))
         check_key(key)
         if not isinstance(value, value_types):
             raise TypeError(
-                f"{where}: the value of {key!r} must be {value_text}, not {type(value).__name__}"
+                arg_message(
+                    call, arg, f"must map {key!r} to {value_text}, not {type(value).__name__}"
+                )
             )
         checked[key] = value
     return checked

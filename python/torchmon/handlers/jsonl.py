@@ -42,6 +42,7 @@ from datetime import datetime, timedelta, timezone
 from typing import TYPE_CHECKING, Any, BinaryIO, Generic, Literal, TypeVar, overload
 
 from .._core import Event
+from .._errors import arg_type_error, arg_value_error
 from .._forksafe import new_lock
 from ._common import ClosesOnExit
 
@@ -64,14 +65,14 @@ _ISO_OFFSET = re.compile(r"([+-])(\d\d):(\d\d)(?::(\d\d)(?:\.(\d{6}))?)?\Z")
 _NON_FINITE_TEXT = {"nan": math.nan, "inf": math.inf, "-inf": -math.inf}
 
 
-def _path_arg(path: object, where: str) -> str:
+def _path_arg(path: object, call: str, arg: str) -> str:
     if not isinstance(path, (str, os.PathLike)):
-        raise TypeError(f"{where}: must be a str or os.PathLike path, not {type(path).__name__}")
+        raise arg_type_error(call, arg, "a str or os.PathLike path", path)
     text = os.fspath(path)
     if not isinstance(text, str):
-        raise TypeError(f"{where}: must be a str path, not {type(text).__name__}")
+        raise arg_type_error(call, arg, "a str path", text)
     if not text:
-        raise ValueError(f"{where}: must not be empty")
+        raise arg_value_error(call, arg, "must not be empty")
     return text
 
 
@@ -175,28 +176,23 @@ class JsonlEventHandler(ClosesOnExit):
         backup_count: int = 5,
         distributions: bool = False,
     ) -> None:
-        self._path = _path_arg(path, "JsonlEventHandler(path)")
+        self._path = _path_arg(path, "JsonlEventHandler", "path")
         if not isinstance(distributions, bool):
-            raise TypeError(
-                "JsonlEventHandler(distributions): must be a bool, "
-                f"not {type(distributions).__name__}"
-            )
+            raise arg_type_error("JsonlEventHandler", "distributions", "a bool", distributions)
         self._distributions = distributions
         if max_bytes is not None:
             if isinstance(max_bytes, bool) or not isinstance(max_bytes, int):
-                raise TypeError(
-                    "JsonlEventHandler(max_bytes): must be an int or None, "
-                    f"not {type(max_bytes).__name__}"
-                )
+                raise arg_type_error("JsonlEventHandler", "max_bytes", "an int or None", max_bytes)
             if max_bytes <= 0:
-                raise ValueError(f"JsonlEventHandler(max_bytes): must be > 0, got {max_bytes}")
+                raise arg_value_error(
+                    "JsonlEventHandler", "max_bytes", f"must be > 0, got {max_bytes}"
+                )
         if isinstance(backup_count, bool) or not isinstance(backup_count, int):
-            raise TypeError(
-                "JsonlEventHandler(backup_count): must be an int, "
-                f"not {type(backup_count).__name__}"
-            )
+            raise arg_type_error("JsonlEventHandler", "backup_count", "an int", backup_count)
         if backup_count < 0:
-            raise ValueError(f"JsonlEventHandler(backup_count): must be >= 0, got {backup_count}")
+            raise arg_value_error(
+                "JsonlEventHandler", "backup_count", f"must be >= 0, got {backup_count}"
+            )
         self._max_bytes = max_bytes
         self._backup_count = backup_count
         self._lock = new_lock()
@@ -220,11 +216,9 @@ class JsonlEventHandler(ClosesOnExit):
         (docs/guide.md, "Multi-node setups")."""
         from .._rank import rank_info
 
-        folder = _path_arg(directory, "JsonlEventHandler.for_rank(directory)")
+        folder = _path_arg(directory, "JsonlEventHandler.for_rank", "directory")
         if not isinstance(name, str):
-            raise TypeError(
-                f"JsonlEventHandler.for_rank(name): must be a str, not {type(name).__name__}"
-            )
+            raise arg_type_error("JsonlEventHandler.for_rank", "name", "a str", name)
         return cls(os.path.join(folder, rank_info().format(name)), **handler_options)
 
     @property
@@ -532,15 +526,13 @@ def read_jsonl(
     first iterated. To read a rotated set oldest first, chain the files:
     ``itertools.chain(read_jsonl("e.jsonl.2"), read_jsonl("e.jsonl.1"), read_jsonl("e.jsonl"))``.
     """
-    text = _path_arg(path, "read_jsonl(path)")
+    text = _path_arg(path, "read_jsonl", "path")
     if not isinstance(errors, str):
-        raise TypeError(f"read_jsonl(errors): must be a str, not {type(errors).__name__}")
+        raise arg_type_error("read_jsonl", "errors", "a str", errors)
     if errors not in _ERRORS:
-        raise ValueError(f"read_jsonl(errors): must be 'raise' or 'skip', got {errors!r}")
+        raise arg_value_error("read_jsonl", "errors", f"must be 'raise' or 'skip', got {errors!r}")
     if not isinstance(distributions, bool):
-        raise TypeError(
-            f"read_jsonl(distributions): must be a bool, not {type(distributions).__name__}"
-        )
+        raise arg_type_error("read_jsonl", "distributions", "a bool", distributions)
     return JsonlReader(text, errors, distributions)
 
 

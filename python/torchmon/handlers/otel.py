@@ -22,6 +22,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, Callable, Union
 
 from .._core import STAT_EVENT, Event
+from .._errors import arg_message, arg_type_error, arg_value_error
 from .._flush import _flush_local_sinks, _register_flushable
 from .._forksafe import new_lock
 from ._common import ClosesOnExit, check_mapping, require, set_numeric_values, stat_description
@@ -43,6 +44,10 @@ if TYPE_CHECKING:
 __all__ = ["OpenTelemetryEventHandler", "otel_instrument_name"]
 
 _AttributeValue = Union[str, bool, int, float]
+
+# What the argument errors name (the one format: python/torchmon/_errors.py).
+_OWNER = "OpenTelemetryEventHandler"
+_OTLP = "OpenTelemetryEventHandler.otlp"
 
 _INVALID_INSTRUMENT_CHAR = re.compile(r"[^-_./a-zA-Z0-9]")
 _MAX_INSTRUMENT_NAME = 255
@@ -235,13 +240,14 @@ class _Histogram:
 
 def _check_attribute_key(key: str) -> None:
     if not key:
-        raise ValueError("OpenTelemetryEventHandler(attributes): keys must not be empty")
+        raise arg_value_error(_OWNER, "attributes", "must not have an empty key")
 
 
 def _check_attributes(attributes: object) -> dict[str, _AttributeValue]:
     return check_mapping(
         attributes,
-        "OpenTelemetryEventHandler(attributes)",
+        "OpenTelemetryEventHandler",
+        "attributes",
         expected="str keys to str/bool/int/float values",
         key_noun="keys",
         check_key=_check_attribute_key,
@@ -565,31 +571,25 @@ def _close_at_exit(handler: OpenTelemetryEventHandler) -> Callable[[], None]:
     return close
 
 
-def _seconds_to_ms(value: object, argument: str) -> float | None:
+def _seconds_to_ms(value: object, argument: str, call: str = _OWNER) -> float | None:
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise TypeError(
-            f"OpenTelemetryEventHandler({argument}): must be a number of seconds or None, "
-            f"not {type(value).__name__}"
-        )
+        raise arg_type_error(call, argument, "a number of seconds or None", value)
     if not value > 0:  # also NaN
-        raise ValueError(
-            f"OpenTelemetryEventHandler({argument}): must be > 0 seconds, got {value!r}"
-        )
+        raise arg_value_error(call, argument, f"must be > 0 seconds, got {value!r}")
     return float(value) * 1000.0
 
 
 def _check_max_buckets(max_buckets: object) -> int:
     if isinstance(max_buckets, bool) or not isinstance(max_buckets, int):
-        raise TypeError(
-            "OpenTelemetryEventHandler(max_buckets): must be an int, "
-            f"not {type(max_buckets).__name__}"
-        )
+        raise arg_type_error(_OWNER, "max_buckets", "an int", max_buckets)
     if max_buckets < 3:
-        raise ValueError(
-            "OpenTelemetryEventHandler(max_buckets): must be >= 3 (at OpenTelemetry's "
-            f"smallest scale every double falls into 3 buckets), got {max_buckets}"
+        raise arg_value_error(
+            _OWNER,
+            "max_buckets",
+            "must be >= 3 (at OpenTelemetry's smallest scale every double falls into 3 "
+            f"buckets), got {max_buckets}",
         )
     return max_buckets
 
@@ -695,12 +695,9 @@ class OpenTelemetryEventHandler(ClosesOnExit):
         from .. import __version__
 
         if not isinstance(meter_name, str):
-            raise TypeError(
-                "OpenTelemetryEventHandler(meter_name): must be a str, "
-                f"not {type(meter_name).__name__}"
-            )
+            raise arg_type_error(_OWNER, "meter_name", "a str", meter_name)
         if not meter_name:
-            raise ValueError("OpenTelemetryEventHandler(meter_name): must not be empty")
+            raise arg_value_error(_OWNER, "meter_name", "must not be empty")
         self._attributes = _check_attributes(attributes)
         self._histograms: _Histograms | None = None
         self._provider: SdkMeterProvider | None = None
@@ -715,9 +712,8 @@ class OpenTelemetryEventHandler(ClosesOnExit):
                 DEFAULT_EXPORT_TIMEOUT if timeout_ms is None else timeout_ms / 1000.0
             )
             if meter_provider is not None:
-                raise ValueError(
-                    "OpenTelemetryEventHandler(exporter): give an exporter or a "
-                    "meter_provider, not both"
+                raise arg_value_error(
+                    _OWNER, "exporter", "cannot be given with a meter_provider: give one of them"
                 )
             meter_provider = self._own_provider(
                 exporter, meter_name, export_interval, resource, max_buckets
@@ -730,14 +726,15 @@ class OpenTelemetryEventHandler(ClosesOnExit):
                 ("export_timeout", export_timeout),
             ):
                 if value is not None:
-                    raise ValueError(f"OpenTelemetryEventHandler({name}): only with an exporter")
+                    raise arg_value_error(_OWNER, name, "applies only with an exporter")
             if meter_provider is None:
                 meter_provider = metrics.get_meter_provider()
             elif not isinstance(meter_provider, metrics.MeterProvider):
-                raise TypeError(
-                    "OpenTelemetryEventHandler(meter_provider): must be an "
-                    "opentelemetry.metrics.MeterProvider or None, "
-                    f"not {type(meter_provider).__name__}"
+                raise arg_type_error(
+                    _OWNER,
+                    "meter_provider",
+                    "an opentelemetry.metrics.MeterProvider or None",
+                    meter_provider,
                 )
         meter: Meter = meter_provider.get_meter(meter_name, __version__)
         if not callable(getattr(meter, "create_gauge", None)):
@@ -784,17 +781,18 @@ class OpenTelemetryEventHandler(ClosesOnExit):
         from .. import __version__
 
         if not isinstance(exporter, MetricExporter):
-            raise TypeError(
-                "OpenTelemetryEventHandler(exporter): must be an opentelemetry.sdk.metrics."
-                f"export.MetricExporter or None, not {type(exporter).__name__}"
+            raise arg_type_error(
+                _OWNER,
+                "exporter",
+                "an opentelemetry.sdk.metrics.export.MetricExporter or None",
+                exporter,
             )
         interval_ms = _seconds_to_ms(export_interval, "export_interval")
         if resource is None:
             resource = Resource.create()
         elif not isinstance(resource, Resource):
-            raise TypeError(
-                "OpenTelemetryEventHandler(resource): must be an "
-                f"opentelemetry.sdk.resources.Resource or None, not {type(resource).__name__}"
+            raise arg_type_error(
+                _OWNER, "resource", "an opentelemetry.sdk.resources.Resource or None", resource
             )
         # The exporter's wish, as the SDK's own reader reads it (an OTLP
         # exporter: OTEL_EXPORTER_OTLP_METRICS_TEMPORALITY_PREFERENCE).
@@ -868,17 +866,14 @@ class OpenTelemetryEventHandler(ClosesOnExit):
         from opentelemetry.sdk.resources import SERVICE_NAME, OTELResourceDetector, Resource
 
         if endpoint is not None and not isinstance(endpoint, str):
-            raise TypeError(
-                "OpenTelemetryEventHandler.otlp(endpoint): must be a str or None, "
-                f"not {type(endpoint).__name__}"
-            )
+            raise arg_type_error(_OTLP, "endpoint", "a str or None", endpoint)
         if headers is not None and (
             not isinstance(headers, Mapping)
             or not all(isinstance(k, str) and isinstance(v, str) for k, v in headers.items())
         ):
-            raise TypeError("OpenTelemetryEventHandler.otlp(headers): must map str to str")
-        timeout_ms = _seconds_to_ms(timeout, "timeout")
-        export_timeout_ms = _seconds_to_ms(export_timeout, "export_timeout")
+            raise TypeError(arg_message(_OTLP, "headers", "must map str to str"))
+        timeout_ms = _seconds_to_ms(timeout, "timeout", _OTLP)
+        export_timeout_ms = _seconds_to_ms(export_timeout, "export_timeout", _OTLP)
         if timeout_ms is None and not any(
             os.environ.get(name)
             for name in ("OTEL_EXPORTER_OTLP_METRICS_TIMEOUT", "OTEL_EXPORTER_OTLP_TIMEOUT")

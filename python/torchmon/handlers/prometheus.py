@@ -19,6 +19,7 @@ from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any, Callable
 
 from .._core import STAT_EVENT, Event, _PrometheusExposition
+from .._errors import arg_message, arg_type_error, arg_value_error
 from .._forksafe import new_lock
 from ._common import ClosesOnExit, check_mapping, require, set_numeric_values, stat_description
 
@@ -45,6 +46,9 @@ PROTOBUF_CONTENT_TYPE = (
 # OpenTelemetry's default max_size for an exponential histogram.
 DEFAULT_NATIVE_HISTOGRAM_MAX_BUCKETS = 160
 
+# What the argument errors name (the one format: python/torchmon/_errors.py).
+_OWNER = "PrometheusEventHandler"
+_SERVE = "PrometheusEventHandler.serve"
 _METRIC_NAME = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*\Z")
 _LABEL_NAME = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*\Z")
 _INVALID_METRIC_CHAR = re.compile(r"[^a-zA-Z0-9_:]")
@@ -69,25 +73,30 @@ def prometheus_metric_name(key: str, prefix: str = "") -> str:
 
 def _check_label_name(name: str) -> None:
     if not _LABEL_NAME.match(name) or name.startswith("__"):
-        raise ValueError(
-            f"PrometheusEventHandler(labels): invalid label name {name!r} (must match "
-            "[a-zA-Z_][a-zA-Z0-9_]* and not start with '__')"
+        raise arg_value_error(
+            _OWNER,
+            "labels",
+            f"has an invalid label name {name!r} (must match [a-zA-Z_][a-zA-Z0-9_]* and "
+            "not start with '__')",
         )
     if name == "le":
         # Every series of a classic histogram has its own `le`; a constant one
         # would be a second `le` label on each (prometheus_client's Histogram
         # refuses it too). `quantile` belongs to summaries, which this
         # handler does not export, so it stays allowed.
-        raise ValueError(
-            "PrometheusEventHandler(labels): invalid label name 'le' (Prometheus reserves "
-            "it for the upper bounds of histogram buckets)"
+        raise arg_value_error(
+            _OWNER,
+            "labels",
+            "has an invalid label name 'le' (Prometheus reserves it for the upper bounds "
+            "of histogram buckets)",
         )
 
 
 def _check_labels(labels: object) -> dict[str, str]:
     return check_mapping(
         labels,
-        "PrometheusEventHandler(labels)",
+        "PrometheusEventHandler",
+        "labels",
         expected="label names to str values",
         key_noun="label names",
         check_key=_check_label_name,
@@ -188,18 +197,17 @@ class PrometheusEventHandler(ClosesOnExit):
         if registry is None:
             registry = prometheus_client.REGISTRY
         elif not isinstance(registry, prometheus_client.CollectorRegistry):
-            raise TypeError(
-                "PrometheusEventHandler(registry): must be a prometheus_client.CollectorRegistry "
-                f"or None, not {type(registry).__name__}"
+            raise arg_type_error(
+                _OWNER, "registry", "a prometheus_client.CollectorRegistry or None", registry
             )
         if not isinstance(prefix, str):
-            raise TypeError(
-                f"PrometheusEventHandler(prefix): must be a str, not {type(prefix).__name__}"
-            )
+            raise arg_type_error(_OWNER, "prefix", "a str", prefix)
         if prefix and not _METRIC_NAME.match(prefix):
-            raise ValueError(
-                f"PrometheusEventHandler(prefix): {prefix!r} is not a valid metric name "
-                "prefix (must match [a-zA-Z_:][a-zA-Z0-9_:]*)"
+            raise arg_value_error(
+                _OWNER,
+                "prefix",
+                f"must be a valid metric name prefix (matching [a-zA-Z_:][a-zA-Z0-9_:]*), "
+                f"not {prefix!r}",
             )
         self._labels = _check_labels(labels)
         per_octave = _check_per_octave(histogram_buckets_per_octave)
@@ -208,9 +216,8 @@ class PrometheusEventHandler(ClosesOnExit):
         self._layout = None if per_octave is None else _HistogramLayout(per_octave, lo, hi)
         max_buckets = _check_max_buckets(native_histogram_max_buckets)
         if not isinstance(protobuf_classic_buckets, bool):
-            raise TypeError(
-                "PrometheusEventHandler(protobuf_classic_buckets): must be a bool, "
-                f"not {type(protobuf_classic_buckets).__name__}"
+            raise arg_type_error(
+                _OWNER, "protobuf_classic_buckets", "a bool", protobuf_classic_buckets
             )
         classic = None
         if self._layout is not None:
@@ -270,20 +277,16 @@ class PrometheusEventHandler(ClosesOnExit):
         from .._rank import rank_info
 
         if isinstance(port_base, bool) or not isinstance(port_base, int):
-            raise TypeError(
-                "PrometheusEventHandler.serve(port_base): must be an int, "
-                f"not {type(port_base).__name__}"
-            )
+            raise arg_type_error(_SERVE, "port_base", "an int", port_base)
         if not isinstance(host, str):
-            raise TypeError(
-                f"PrometheusEventHandler.serve(host): must be a str, not {type(host).__name__}"
-            )
+            raise arg_type_error(_SERVE, "host", "a str", host)
         info = rank_info()
         port = port_base + info.local_rank if port_base else 0
         if not 0 <= port_base <= port <= 65535:
-            raise ValueError(
-                f"PrometheusEventHandler.serve(port_base): {port_base} + LOCAL_RANK "
-                f"{info.local_rank} = {port} is not a port in [0, 65535]"
+            raise arg_value_error(
+                _SERVE,
+                "port_base",
+                f"{port_base} + LOCAL_RANK {info.local_rank} = {port} is not a port in [0, 65535]",
             )
         options = dict(handler_options)
         own_registry = options.get("registry") is None
@@ -848,49 +851,46 @@ def _check_per_octave(value: object) -> int | None:
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(
-            "PrometheusEventHandler(histogram_buckets_per_octave): must be an int or None, "
-            f"not {type(value).__name__}"
-        )
+        raise arg_type_error(_OWNER, "histogram_buckets_per_octave", "an int or None", value)
     if value not in _PER_OCTAVE_CHOICES:
-        raise ValueError(
-            "PrometheusEventHandler(histogram_buckets_per_octave): must divide 64 "
-            f"(1, 2, 4, 8, 16, 32 or 64), got {value}"
+        raise arg_value_error(
+            _OWNER,
+            "histogram_buckets_per_octave",
+            f"must divide 64 (1, 2, 4, 8, 16, 32 or 64), got {value}",
         )
     return value
 
 
 def _check_max_buckets(value: object) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(
-            "PrometheusEventHandler(native_histogram_max_buckets): must be an int, "
-            f"not {type(value).__name__}"
-        )
+        raise arg_type_error(_OWNER, "native_histogram_max_buckets", "an int", value)
     if value < 1:
-        raise ValueError(
-            f"PrometheusEventHandler(native_histogram_max_buckets): must be at least 1, got {value}"
+        raise arg_value_error(
+            _OWNER, "native_histogram_max_buckets", f"must be at least 1, got {value}"
         )
     return value
 
 
 def _check_range(value: object) -> tuple[float, float]:
-    where = "PrometheusEventHandler(histogram_range)"
+    arg = "histogram_range"
     if not isinstance(value, (tuple, list)) or len(value) != 2:
-        raise TypeError(
-            f"{where}: must be a (lo, hi) pair of numbers, not {type(value).__name__}"
-            + (f" of length {len(value)}" if isinstance(value, (tuple, list)) else "")
-        )
+        got = type(value).__name__
+        if isinstance(value, (tuple, list)):
+            got += f" of length {len(value)}"
+        raise TypeError(arg_message(_OWNER, arg, f"must be a (lo, hi) pair of numbers, not {got}"))
     for end in value:
         if isinstance(end, bool) or not isinstance(end, (int, float)):
-            raise TypeError(f"{where}: lo and hi must be numbers, not {type(end).__name__}")
+            raise TypeError(
+                arg_message(_OWNER, arg, f"must hold numbers, not {type(end).__name__}")
+            )
     try:
         lo, hi = float(value[0]), float(value[1])
     except OverflowError:
-        raise ValueError(f"{where}: lo and hi must be finite, got {tuple(value)!r}") from None
+        raise arg_value_error(_OWNER, arg, f"must be finite, got {tuple(value)!r}") from None
     if not (math.isfinite(lo) and math.isfinite(hi)):
-        raise ValueError(f"{where}: lo and hi must be finite, got {(lo, hi)!r}")
+        raise arg_value_error(_OWNER, arg, f"must be finite, got {(lo, hi)!r}")
     if not 0.0 < lo < hi:
-        raise ValueError(f"{where}: must have 0 < lo < hi, got {(lo, hi)!r}")
+        raise arg_value_error(_OWNER, arg, f"must have 0 < lo < hi, got {(lo, hi)!r}")
     return lo, hi
 
 

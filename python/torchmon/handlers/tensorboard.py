@@ -6,9 +6,14 @@ import operator
 from typing import Any, Callable, Protocol, Union
 
 from .._core import _AGGREGATION_KEY_SUFFIXES, STAT_EVENT, Event
+from .._errors import arg_message, arg_type_error, arg_value_error
 from .._flush import _register_flushable
 from .._forksafe import new_lock
 from . import _tbx_drain
+
+# What the argument errors name (the one format: python/torchmon/_errors.py).
+_OWNER = "TensorboardEventHandler"
+_STEPS = "'window', None or a callable returning an int"
 
 # How long flush() waits for a tensorboardX writer thread to reach its marker.
 _DRAIN_TIMEOUT = 10.0
@@ -102,48 +107,34 @@ class TensorboardEventHandler:
         step_field: str | None = None,
     ) -> None:
         if not callable(getattr(writer, "add_scalar", None)):
-            raise TypeError(
-                "TensorboardEventHandler(writer): writer must have an add_scalar method "
-                f"(a SummaryWriter), not {type(writer).__name__}"
+            raise arg_type_error(
+                _OWNER, "writer", "an object with an add_scalar method (a SummaryWriter)", writer
             )
         if isinstance(step, str):
             if step != "window":
-                raise ValueError(
-                    "TensorboardEventHandler(step): must be 'window', None or a callable "
-                    f"returning an int, not {step!r}"
-                )
+                raise arg_value_error(_OWNER, "step", f"must be {_STEPS}, not {step!r}")
         elif step is not None and not callable(step):
-            raise TypeError(
-                "TensorboardEventHandler(step): must be 'window', None or a callable "
-                f"returning an int, not {type(step).__name__}"
-            )
+            raise arg_type_error(_OWNER, "step", _STEPS, step)
         if step is not None and not _takes_global_step(writer.add_scalar):
             raise TypeError(
-                "TensorboardEventHandler(writer): writer.add_scalar takes no global_step; "
-                "pass step=None to write scalars without a step, as torch.monitor does"
+                arg_message(
+                    _OWNER,
+                    "writer",
+                    "has an add_scalar that takes no global_step; pass step=None to write "
+                    "scalars without a step, as torch.monitor does",
+                )
             )
         if not isinstance(layout, str):
-            raise TypeError(
-                f"TensorboardEventHandler(layout): must be a str, not {type(layout).__name__}"
-            )
+            raise arg_type_error(_OWNER, "layout", "a str", layout)
         if layout not in _LAYOUTS:
-            raise ValueError(
-                f"TensorboardEventHandler(layout): must be 'torch' or 'grouped', not {layout!r}"
-            )
+            raise arg_value_error(_OWNER, "layout", f"must be 'torch' or 'grouped', not {layout!r}")
         if not isinstance(other_events, bool):
-            raise TypeError(
-                "TensorboardEventHandler(other_events): must be a bool, "
-                f"not {type(other_events).__name__}"
-            )
+            raise arg_type_error(_OWNER, "other_events", "a bool", other_events)
         if step_field is not None and not isinstance(step_field, str):
-            raise TypeError(
-                "TensorboardEventHandler(step_field): must be a str or None, "
-                f"not {type(step_field).__name__}"
-            )
+            raise arg_type_error(_OWNER, "step_field", "a str or None", step_field)
         if step_field is not None and not other_events:
-            raise ValueError(
-                "TensorboardEventHandler(step_field): only applies to other events; "
-                "pass other_events=True too"
+            raise arg_value_error(
+                _OWNER, "step_field", "only applies to other events; pass other_events=True too"
             )
         self._writer = writer
         self._step = step
@@ -247,11 +238,10 @@ def _takes_global_step(add_scalar: Callable[..., Any]) -> bool:
 def _user_step(step: Callable[[], int]) -> int:
     value = step()
     if isinstance(value, bool):
-        raise TypeError("TensorboardEventHandler(step): the callable returned a bool, not an int")
+        raise TypeError(arg_message(_OWNER, "step", "returned a bool, not an int"))
     try:
         return operator.index(value)
     except TypeError:
         raise TypeError(
-            "TensorboardEventHandler(step): the callable must return an int, "
-            f"not {type(value).__name__}"
+            arg_message(_OWNER, "step", f"must return an int, not {type(value).__name__}")
         ) from None

@@ -13,7 +13,8 @@ from types import ModuleType
 from typing import Any
 
 from .. import _core
-from .._core import Aggregation, Event, Stat
+from .._core import Aggregation, Event, Stat, _window_ms
+from .._errors import arg_type_error
 
 #: The documented default window of every Stat the integrations record: the
 #: guide's training-loop window (docs/guide.md, "One Stat per metric").
@@ -63,19 +64,13 @@ def import_framework(module: str, extra: str, owner: str, *, pip_names: str) -> 
 
 
 def check_window(window: object, where: str) -> timedelta:
-    if isinstance(window, bool) or not isinstance(window, (timedelta, int, float)):
-        raise TypeError(
-            f"{where}(window): must be a timedelta or seconds, not {type(window).__name__}"
-        )
-    seconds = window.total_seconds() if isinstance(window, timedelta) else float(window)
-    if not seconds > 0 or seconds == float("inf"):
-        raise ValueError(f"{where}(window): must be a positive, finite duration, got {window!r}")
-    return window if isinstance(window, timedelta) else timedelta(seconds=seconds)
+    """``window`` by the one window rule (docs/api.md, "Window sizes")."""
+    return timedelta(milliseconds=_window_ms(where, "window", window))
 
 
 def check_name(value: object, argument: str, where: str) -> str:
     if not isinstance(value, str):
-        raise TypeError(f"{where}({argument}): must be a str, not {type(value).__name__}")
+        raise arg_type_error(where, argument, "a str", value)
     return value
 
 
@@ -83,15 +78,13 @@ def check_log_dir(log_dir: object, where: str) -> str | None:
     if log_dir is None:
         return None
     if isinstance(log_dir, bytes) or not isinstance(log_dir, (str, os.PathLike)):
-        raise TypeError(
-            f"{where}(log_dir): must be a str, a path or None, not {type(log_dir).__name__}"
-        )
+        raise arg_type_error(where, "log_dir", "a str, a path or None", log_dir)
     return os.fspath(log_dir)
 
 
 def check_bool(value: object, argument: str, where: str) -> bool:
     if not isinstance(value, bool):
-        raise TypeError(f"{where}({argument}): must be a bool, not {type(value).__name__}")
+        raise arg_type_error(where, argument, "a bool", value)
     return value
 
 

@@ -14,6 +14,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from .._core import Event, log_event
+from .._errors import arg_type_error
 from ._common import (
     DEFAULT_WINDOW,
     LOGGED_AGGREGATIONS,
@@ -85,7 +86,7 @@ class TorchmonLogger(_Logger):  # type: ignore[misc]
         self._log_dir = check_log_dir(log_dir, where)
         self._name = check_name(name, "name", where)
         if isinstance(version, bool) or not isinstance(version, (str, int)):
-            raise TypeError(f"{where}(version): must be a str or int, not {type(version).__name__}")
+            raise arg_type_error(where, "version", "a str or int", version)
         self._version = version
         self._window = check_window(window, where)
         self._tensorboard = check_bool(tensorboard, "tensorboard", where)
