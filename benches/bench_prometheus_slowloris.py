@@ -99,7 +99,7 @@ def scrape(port: int, timeout: float) -> str:
         return "refused"
     except (ConnectionResetError, BrokenPipeError):
         return "reset"
-    except TimeoutError:
+    except socket.timeout:  # TimeoutError from 3.10 on, not on 3.9
         return "timeout"
     if not response:
         return "closed"

@@ -385,17 +385,25 @@ def test_ctrl_c_while_waiting_for_a_pipe_exits_130_in_one_line(
     # This process has the FIFO open for writing, and writes nothing.
     held = os.open(fifo, os.O_RDWR)
     try:
+        # SIGINT's default action, as at a terminal: a shell starting this
+        # test run in the background (CI's other interpreters) leaves SIGINT
+        # ignored, and Python then never raises KeyboardInterrupt.
         proc = subprocess.Popen(
             [TORCHMON, command, *args],
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
+            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
         )
-        wait_until_open(proc.pid, fifo)
-        time.sleep(0.5)
-        proc.send_signal(signal.SIGINT)
-        _, err = proc.communicate(timeout=30)
+        with proc:
+            try:
+                wait_until_open(proc.pid, fifo)
+                time.sleep(0.5)
+                proc.send_signal(signal.SIGINT)
+                _, err = proc.communicate(timeout=30)
+            finally:
+                proc.kill()
     finally:
         os.close(held)
     assert proc.returncode == 130, err
