@@ -382,3 +382,45 @@ print(json.dumps({"held": held, "code": wait_child(pid, timeout=10)}))
     )
     assert out["held"] is False, "the Mapping lookup happened after import"
     assert out["code"] == 0
+
+
+def test_a_lock_a_parent_thread_took_while_waiting_for_the_gil_is_usable_in_the_child() -> None:
+    """A thread that has taken a sink lock inside ``acquire()`` and waits for
+    the GIL to return from it has not yet flagged the lock as held: the
+    child's lock said ``locked()`` False but could not be taken (the JSON
+    lines handler's first window hung, about 1 child in 1,500 forks under
+    load). Here the forking thread keeps the GIL (a 10 s switch interval and
+    a busy loop) from the moment it releases the lock to the fork, so the
+    waiting thread is caught in exactly that state."""
+    code = r"""
+import os, sys, threading, time
+import torchmon
+from torchmon._forksafe import new_lock
+
+torchmon._prepare_fork()  # the fork's own imports, done now: they would let go of the GIL
+sys.setswitchinterval(10)
+lock = new_lock()
+lock.acquire()
+started = threading.Event()
+
+def take():
+    started.set()
+    lock.acquire()
+    lock.release()
+
+threading.Thread(target=take, daemon=True).start()
+started.wait()
+time.sleep(0.2)  # the thread is now blocked inside acquire()
+lock.release()
+deadline = time.perf_counter() + 0.01
+while time.perf_counter() < deadline:
+    pass  # keeps the GIL: the thread takes the lock, then waits for the GIL
+pid = os.fork()
+if pid == 0:
+    os._exit(0 if lock.acquire(timeout=2) else 1)
+_, status = os.waitpid(pid, 0)
+print(os.waitstatus_to_exitcode(status))
+"""
+    result = run_python(code, timeout=OUTER_TIMEOUT)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == ["0"], "the child could not take the lock"
