@@ -70,12 +70,6 @@ class _ProcReader:
     def after_fork(self) -> None:
         pass  # /proc/self is the child's own
 
-    def process_cpu_seconds(self) -> float:
-        # times(2): the utime and stime that /proc/self/stat shows, in a
-        # twentieth of the time a read of that file takes.
-        times = os.times()
-        return times.user + times.system
-
     def process_memory(self) -> tuple[int, int]:
         """(resident bytes, threads)."""
         rss = threads = None
@@ -154,10 +148,6 @@ class _PsutilReader:
     def after_fork(self) -> None:
         # A psutil.Process is bound to a pid: the parent's, in a forked child.
         self._process = self._psutil.Process()
-
-    def process_cpu_seconds(self) -> float:
-        times = self._process.cpu_times()
-        return float(times.user + times.system)
 
     def process_memory(self) -> tuple[int, int]:
         with self._process.oneshot():
@@ -441,7 +431,10 @@ class SystemStats:
 
     def _read_process(self, values: dict[str, float], now: float) -> None:
         reader = self._reader
-        cpu = self._rate("process.cpu", now, (reader.process_cpu_seconds(),))
+        # CLOCK_PROCESS_CPUTIME_ID, not the clock ticks of times(2) or psutil:
+        # a tick (10 ms) is 4% of a CPU at a 0.25 s interval, so a mostly idle
+        # process read as exactly 0 in every sample.
+        cpu = self._rate("process.cpu", now, (time.process_time(),))
         if cpu is not None:
             values["process.cpu.utilization"] = max(0.0, cpu[0]) / self._ncpu
         rss, threads = reader.process_memory()

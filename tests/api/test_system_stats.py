@@ -91,6 +91,28 @@ def test_a_busy_thread_shows_in_process_cpu_utilization_as_psutil_and_proc_see_i
 
 
 @pytest.mark.parametrize("source", ["psutil", "proc"])
+def test_process_cpu_time_below_a_clock_tick_still_shows(source: str) -> None:
+    """A mostly idle process (the demo sleeps through its steps) used a few
+    milliseconds of CPU between samples: that shows as such, not as 0 or a
+    whole 10 ms clock tick."""
+    import time
+
+    sampler = torchmon.SystemStats(HOUR, HOUR, source=source, gpu=False, io=False)
+    try:
+        sampler.sample_now()
+        t0 = time.monotonic()
+        start = time.thread_time()
+        while time.thread_time() - start < 0.003:
+            pass
+        got = sampler.sample_now()
+        t1 = time.monotonic()
+    finally:
+        sampler.close()
+    cpu_seconds = got["process.cpu.utilization"] * _cpus_available() * (t1 - t0)
+    assert 0.003 <= cpu_seconds < 0.009
+
+
+@pytest.mark.parametrize("source", ["psutil", "proc"])
 def test_200_mb_touched_shows_in_resident_memory_as_psutil_and_proc_see_it(source: str) -> None:
     sampler = torchmon.SystemStats(HOUR, HOUR, source=source, gpu=False, io=False)
     try:
