@@ -6,11 +6,7 @@ unchanged; see docs/compatibility.md for the few deliberate differences.
 
 from __future__ import annotations
 
-import atexit
-import os
-import threading
-
-from . import _core, _flush, _tensors
+from . import _core, _flush, _lifecycle, _tensors
 from ._core import (
     MAX_STAT_NAME_LENGTH,
     STAT_EVENT,
@@ -157,39 +153,6 @@ __all__ = [
 ]
 
 
-def _install_exit_flush() -> None:
-    """Emit every live Stat's open window, then drain every AsyncEventHandler,
-    before the interpreter shuts down.
-
-    The flush must run before sinks close themselves at exit (tensorboardX
-    registers an ``atexit`` cleanup per writer, after torchmon was imported),
-    and the drain after the flush (the windows it emits may go to an
-    AsyncEventHandler) and before those sinks close too. ``atexit`` runs
-    handlers last-registered-first, so both are registered, drain first, from
-    a threading-shutdown hook, which runs after non-daemon threads were asked
-    to finish and before any ``atexit`` handler. Plain ``atexit``
-    registrations, in the same order, stay as a fallback; a second flush or
-    drain finds nothing to do.
-    """
-
-    def register_in_order() -> None:
-        atexit.register(_core._close_async_handlers_at_exit)
-        atexit.register(_core._flush_all_stats)
-
-    register_in_order()
-    register_threading_atexit = getattr(threading, "_register_atexit", None)
-    if register_threading_atexit is not None:
-        register_threading_atexit(register_in_order)
-    if hasattr(os, "register_at_fork"):
-        os.register_at_fork(before=_prepare_fork)
-        # The open windows a forked child inherits hold the parent's samples,
-        # which the parent emits: the child starts with empty ones
-        # (docs/reliability.md, "fork").
-        os.register_at_fork(after_in_child=_core._reset_stats_after_fork)
-        # A forked child has no worker threads: give each handler new ones.
-        os.register_at_fork(after_in_child=_core._restart_async_handlers_after_fork)
-
-
 def _load_distribution() -> type:
     """The Distribution class, for the native module (its module is imported
     on the first window that carries one: ``import torchmon`` does not)."""
@@ -201,29 +164,10 @@ def _load_distribution() -> type:
 _core._install_distribution_loader(_load_distribution)
 
 
-def _prepare_fork() -> None:
-    """Completes, on the forking thread, what torchmon's other threads would
-    otherwise import or fill on first use: a window dispatch (the
-    Distribution), a handler error's report (``traceback``). A fork while
-    another thread was inside such an import left that module's import lock,
-    or the cell, held for ever in the child, whose first use of it hung
-    (docs/reliability.md, "fork")."""
-    import traceback  # noqa: F401  (torchmon._errors.report_unraisable)
-
-    _core._prepare_fork()
-
-
-# Registered before the exit flush and drain, so that it runs after them and
-# after every atexit handler registered later: the last step before the
-# interpreter finalizes. From then on only the exiting thread starts
-# handlers, and it waits for other threads to leave theirs, because CPython
-# 3.11-3.13 end those threads in a way that aborts the process when Rust
-# frames are on their stack (see crates/torchmon-core/src/exit_gate.rs, docs/internals.md "Exit").
-atexit.register(_core._close_exit_gate)
-_install_exit_flush()
+_lifecycle.install()  # what runs at exit and in a forked child, in order
 # multiprocessing's fork and forkserver children end with os._exit(), without
 # atexit: they flush from multiprocessing's own exit step (torchmon/_flush.py).
-_flush._install()
+_flush._hook_multiprocessing()
 # Stat.add/add_many of torch tensors, and inside torch.compile: installed when
 # torch (and torch._dynamo) are imported, never importing them (docs/guide.md,
 # "Recording tensors and torch.compile").

@@ -442,7 +442,9 @@ def _register_child_finalizer(_hook: object = None) -> None:
 
 def _hook_multiprocessing() -> None:
     """Registers with multiprocessing, if it is imported, so that its children
-    flush; called at import and in every forked child."""
+    flush; called at import and in every forked child (torchmon/_lifecycle.py:
+    multiprocessing imported after torchmon is hooked at the fork that makes
+    the child, before process._bootstrap runs the after-fork hooks)."""
     global _after_forker_registered
     mp = sys.modules.get("multiprocessing")
     util = sys.modules.get("multiprocessing.util")
@@ -454,12 +456,3 @@ def _hook_multiprocessing() -> None:
     if mp.parent_process() is not None:
         # torchmon imported inside a child's run(): after the after-fork hooks.
         _register_child_finalizer()
-
-
-def _install() -> None:
-    _hook_multiprocessing()
-    if hasattr(os, "register_at_fork"):
-        # multiprocessing imported after torchmon: hooked at the fork that
-        # makes the child (in the child, before process._bootstrap runs the
-        # after-fork hooks).
-        os.register_at_fork(after_in_child=_hook_multiprocessing)

@@ -12,7 +12,6 @@ the sinks here: at most one record half written or a counter one behind).
 
 from __future__ import annotations
 
-import os
 import threading
 import weakref
 
@@ -28,7 +27,7 @@ def new_lock() -> threading.Lock:
     return lock
 
 
-def _release_in_child() -> None:
+def _release_in_child() -> None:  # the first step in a forked child (torchmon/_lifecycle.py)
     # Only the forking thread exists here, so nobody else can hold or take
     # these locks meanwhile. Each is made new and unlocked rather than
     # released when locked(): a parent thread that had taken a lock inside
@@ -39,7 +38,3 @@ def _release_in_child() -> None:
     # threading and logging reset their own locks with in a child.
     for lock in list(_locks):
         lock._at_fork_reinit()  # type: ignore[attr-defined]
-
-
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_release_in_child)

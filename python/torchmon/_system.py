@@ -599,7 +599,7 @@ def _interval_seconds(interval: object) -> float:
     return seconds
 
 
-def _after_fork_in_child() -> None:
+def _after_fork_in_child() -> None:  # a step of torchmon/_lifecycle.py
     # The parent's thread does not exist here: the sampler is stopped, and
     # start() in the child begins afresh (its own CPU time, its own NVML).
     for sampler in list(_samplers):
@@ -615,34 +615,12 @@ def _after_fork_in_child() -> None:
 
 
 def _close_all_at_exit() -> None:
-    # Closed before the exit flush (docs/reliability.md, "Nothing lost at
-    # exit"): the last sample lands in the windows that the close emits.
+    # Closed before the exit flush (torchmon/_lifecycle.py; docs/reliability.md,
+    # "Nothing lost at exit"): the last sample lands in the windows that the
+    # close emits.
     for sampler in list(_samplers):
         if sampler.running:
             try:
                 sampler.close()
             except BaseException as exc:
                 report_unraisable(exc, sampler, "Exception ignored in SystemStats' exit close")
-
-
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_after_fork_in_child)
-
-
-def _install_exit_close() -> None:
-    # threading's exit hooks run before any atexit handler, so before the
-    # exit flush torchmon registers from there (torchmon/__init__.py); an
-    # atexit registration made now would run before it too (last in, first out).
-    register = getattr(threading, "_register_atexit", None)
-    if register is not None:
-        try:
-            register(_close_all_at_exit)
-            return
-        except RuntimeError:  # imported during shutdown
-            pass
-    import atexit
-
-    atexit.register(_close_all_at_exit)
-
-
-_install_exit_close()

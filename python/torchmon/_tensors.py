@@ -26,7 +26,6 @@ then.
 from __future__ import annotations
 
 import sys
-import threading
 from types import ModuleType
 
 from . import _compiled, _core, _forksafe
@@ -203,16 +202,8 @@ def _torch_version(torch: ModuleType) -> tuple[int, int]:
 def _install_eager(torch: ModuleType) -> None:
     global _torch
     _torch = torch
-    if _core._install_tensor_support(torch.Tensor, add, add_many):
-        register_threading_atexit = getattr(threading, "_register_atexit", None)
-        if register_threading_atexit is not None:
-            # threading runs these last-registered-first, before the atexit
-            # handlers that emit the open windows (torchmon/__init__.py).
-            register_threading_atexit(read_pending)
-        else:  # pragma: no cover - every supported CPython has it
-            import atexit
-
-            atexit.register(read_pending)
+    # Its pending values are read at exit by torchmon._lifecycle.
+    _core._install_tensor_support(torch.Tensor, add, add_many)
 
 
 def record_staged(staged: Staged) -> None:

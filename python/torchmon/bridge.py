@@ -37,7 +37,8 @@ stops the forwarding at once and unregisters from torch at the next
 at interpreter exit.
 
 At exit every forwarder still in torch's registry (a bridge left open, or
-closed from inside a handler) is unregistered by an ``atexit`` step: torch
+closed from inside a handler) is unregistered by an exit step
+(torchmon/_lifecycle.py): torch
 destroys its registry after the interpreter finalized, and dropping a Python
 handler then crashes the process (docs/reliability.md).
 
@@ -49,7 +50,6 @@ backend libc10 looks up by name (docs/wait_counter_and_bridge.md).
 
 from __future__ import annotations
 
-import atexit
 import ctypes
 import importlib
 import os
@@ -73,7 +73,6 @@ _state = threading.local()  # .depth: how many forwarding calls this thread is i
 _pending_lock = new_lock()
 _pending_unregister: list[Any] = []  # torch handles to unregister outside of dispatch
 _open_bridges: dict[int, TorchBridge] = {}  # id -> bridge, until closed (under _pending_lock)
-_exit_step_registered = False
 
 
 def _torch_monitor(caller: str = "forward_from_torch") -> Any:
@@ -197,22 +196,12 @@ def forward_from_torch() -> TorchBridge:
             "torch.monitor event: torch holds its handler lock (it would deadlock)"
         )
     _drain_pending(monitor)
-    _register_exit_step()
     forwarder = _Forwarder()
     handle = monitor.register_event_handler(forwarder)
     bridge = TorchBridge(monitor, forwarder, handle)
     with _pending_lock:
         _open_bridges[id(bridge)] = bridge
     return bridge
-
-
-def _register_exit_step() -> None:
-    global _exit_step_registered
-    with _pending_lock:
-        if _exit_step_registered:
-            return
-        _exit_step_registered = True
-    atexit.register(_unregister_all_at_exit)
 
 
 # How long the exit step waits for other threads to leave a forwarding call.

@@ -397,7 +397,7 @@ import os, sys, threading, time
 import torchmon
 from torchmon._forksafe import new_lock
 
-torchmon._prepare_fork()  # the fork's own imports, done now: they would let go of the GIL
+torchmon._lifecycle._before_fork()  # the fork's own imports, done now: they would let go of the GIL
 sys.setswitchinterval(10)
 lock = new_lock()
 lock.acquire()

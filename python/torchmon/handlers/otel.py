@@ -9,7 +9,6 @@ distributions of Stats with P aggregations exponential histograms
 
 from __future__ import annotations
 
-import atexit
 import logging
 import math
 import os
@@ -21,6 +20,7 @@ import weakref
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, Callable, Union
 
+from .. import _lifecycle
 from .._core import STAT_EVENT, Event
 from .._errors import arg_message, arg_type_error, arg_value_error
 from .._flush import _flush_local_sinks, _register_flushable
@@ -555,11 +555,9 @@ def _periodic_reader(
 
 
 def _close_at_exit(handler: OpenTelemetryEventHandler) -> Callable[[], None]:
-    """Registers ``handler.close()`` to run at interpreter exit, holding the
-    handler weakly. Registered when the handler is made, so it runs after
-    torchmon's exit flush of the Stats' open windows (``atexit`` runs the
-    last registered first, and that flush registers itself at thread
-    shutdown): the last windows are exported."""
+    """``handler.close()`` at interpreter exit (an exit step of
+    torchmon/_lifecycle.py), holding the handler weakly: the last windows
+    are exported."""
     ref = weakref.ref(handler)
 
     def close() -> None:
@@ -567,8 +565,7 @@ def _close_at_exit(handler: OpenTelemetryEventHandler) -> Callable[[], None]:
         if alive is not None:
             alive._close(at_exit=True)
 
-    atexit.register(close)
-    return close
+    return _lifecycle.close_at_exit(close)
 
 
 def _seconds_to_ms(value: object, argument: str, call: str = _OWNER) -> float | None:
@@ -1007,7 +1004,7 @@ class OpenTelemetryEventHandler(ClosesOnExit):
             return
         self._closed = True
         if self._at_exit is not None:
-            atexit.unregister(self._at_exit)
+            _lifecycle.cancel_at_exit(self._at_exit)
             self._at_exit = None
         provider = self._provider
         if provider is None or self._inherited():

@@ -7,7 +7,6 @@ and the windows' distributions cumulative histograms.
 
 from __future__ import annotations
 
-import atexit
 import errno
 import io
 import math
@@ -513,9 +512,6 @@ def _reset_expositions_in_child() -> None:
                 sink._native.declare_gauge(name, stat_description(source))
 
 
-os.register_at_fork(after_in_child=_reset_expositions_in_child)
-
-
 def _stop_servers_at_exit() -> None:
     """The core's server threads stopped and joined (for up to 5 s each,
     detached from Python) before the interpreter finalizes. They never
@@ -523,8 +519,6 @@ def _stop_servers_at_exit() -> None:
     for sink in list(_LIVE_HANDLERS):
         sink._native.stop_server()
 
-
-atexit.register(_stop_servers_at_exit)
 
 _PROTOBUF_MEDIA_TYPE = "application/vnd.google.protobuf"
 _TEXT_MEDIA_TYPES = ("text/plain", "application/openmetrics-text", "*/*", "text/*")
