@@ -16,9 +16,13 @@ import os
 import sys
 import threading
 from types import ModuleType
-from typing import Callable
 
 from . import _core, _flush, _forksafe, _tensors
+
+# typing.TYPE_CHECKING without importing typing (docs/performance.md, import cost).
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Callable
 
 
 def _imported(name: str) -> ModuleType | None:
