@@ -2,8 +2,8 @@
 //! `histogram::Distribution` wrapped. Only conversion lives here: Python
 //! objects to the core's parts (the checks of argument types) and back, and
 //! the wording of the core's `InvalidDistribution` (floats as Python's repr
-//! writes them). Every rule (values, quantile, merge, bucket bounds) is
-//! the core's.
+//! writes them). Every rule (values, quantile, merge, bucket bounds, the
+//! OpenTelemetry downscaling) is the core's.
 
 use std::sync::Arc;
 
@@ -656,6 +656,23 @@ impl PyDistribution {
         parts.push(format!("positive={} buckets", b.positive.len()));
         parts.push(format!("negative={} buckets", b.negative.len()));
         Ok(format!("Distribution({})", parts.join(", ")))
+    }
+
+    /// The buckets as an OpenTelemetry exponential histogram point holds
+    /// them with `max_size = max_buckets` (`histogram::Buckets::exponential`):
+    /// `(scale, positive offset, positive counts, negative offset, negative
+    /// counts)`.
+    fn _exponential(&self, max_buckets: &Bound<'_, PyInt>) -> (i32, i32, Vec<u64>, i32, Vec<u64>) {
+        let max_buckets = max_buckets.extract::<u64>().unwrap_or(u64::MAX);
+        let e = self.inner.buckets.exponential(max_buckets);
+        let (positive, negative) = (e.positive, e.negative);
+        (
+            e.scale,
+            positive.offset,
+            positive.counts,
+            negative.offset,
+            negative.counts,
+        )
     }
 
     // What python/torchmon/_distribution.py names for the Prometheus handler

@@ -94,3 +94,12 @@ def test_the_count_type_rules_name_the_argument_and_keep_their_order() -> None:
         Distribution(**base, scale=None)  # type: ignore[arg-type]
     with pytest.raises(TypeError, match=r"missing 1 required keyword-only argument: 'max'"):
         Distribution(count=0, sum=0.0, min=0.0)  # type: ignore[call-arg]
+
+
+def test_exponential_downscales_until_each_sign_fits() -> None:
+    d = from_samples([1.5, 3.0, 1000.0, -0.001, 0.0])
+    scale, p_offset, p_counts, n_offset, n_counts = d._exponential(3)
+    # 1.5 .. 1000 spans octaves 0 to 9: 3 buckets of 4 octaves at scale -2.
+    assert (scale, p_offset, p_counts) == (-2, 0, [2, 0, 1])
+    assert (n_offset, n_counts) == (-3, [1])
+    assert d._exponential(10**30)[0] == 6

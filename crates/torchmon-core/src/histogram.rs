@@ -987,6 +987,66 @@ pub fn bucket_bounds(index: i64) -> Option<(f64, f64)> {
         .then(|| (bucket_upper(index - 1), bucket_upper(index)))
 }
 
+/// OpenTelemetry's smallest scale: its buckets hold `2^1024 : 1`, so every
+/// double falls into 3 of them.
+pub const MIN_EXPONENTIAL_SCALE: i32 = -10;
+
+/// One sign's buckets as OpenTelemetry's dense range: `counts[k]` is bucket
+/// `offset + k`'s.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct DenseBuckets {
+    pub offset: i32,
+    pub counts: Vec<u64>,
+}
+
+/// A distribution's buckets at the largest scale (at most `SCALE`, at least
+/// `MIN_EXPONENTIAL_SCALE`) where each sign's dense range has at most
+/// `max_buckets` buckets: OpenTelemetry's ExponentialHistogram with
+/// `max_size` (docs/sinks.md, "OpenTelemetry"). Bucket `i` of scale 6 lies
+/// in bucket `i >> shift` of scale `6 - shift` (floor, negative indices
+/// included): halving the scale is exact.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Exponential {
+    pub scale: i32,
+    pub positive: DenseBuckets,
+    pub negative: DenseBuckets,
+}
+
+impl Buckets {
+    pub fn exponential(&self, max_buckets: u64) -> Exponential {
+        let span = |side: &[(i32, u64)], shift: i32| match (side.first(), side.last()) {
+            (Some(&(first, _)), Some(&(last, _))) => {
+                ((last >> shift) - (first >> shift) + 1) as u64
+            }
+            _ => 0,
+        };
+        let mut shift = 0;
+        while shift < SCALE - MIN_EXPONENTIAL_SCALE
+            && (span(&self.positive, shift) > max_buckets
+                || span(&self.negative, shift) > max_buckets)
+        {
+            shift += 1;
+        }
+        let dense = |side: &[(i32, u64)]| {
+            let Some(&(first, _)) = side.first() else {
+                return DenseBuckets::default();
+            };
+            let offset = first >> shift;
+            let mut counts = vec![0u64; span(side, shift) as usize];
+            for &(index, count) in side {
+                let slot = &mut counts[((index >> shift) - offset) as usize];
+                *slot = slot.saturating_add(count);
+            }
+            DenseBuckets { offset, counts }
+        };
+        Exponential {
+            scale: SCALE - shift,
+            positive: dense(&self.positive),
+            negative: dense(&self.negative),
+        }
+    }
+}
+
 #[cfg(all(test, not(loom)))]
 #[path = "histogram_tests.rs"]
 mod tests;

@@ -782,3 +782,33 @@ fn bucket_bounds_hold_exactly_their_bucket() {
     assert_eq!(bucket_upper(i64::MIN), 0.0);
     assert_eq!(bucket_upper(i64::MAX), f64::MAX);
 }
+
+#[test]
+fn exponential_halves_the_scale_until_each_sign_fits() {
+    let d = distribution_of(&[1.5, 3.0, 1000.0, -0.001, 0.0]);
+    let wide = d.buckets.exponential(1000);
+    assert_eq!(wide.scale, 6);
+    assert_eq!(wide.positive.offset, index_of(1.5));
+    assert_eq!(
+        wide.positive.counts.len() as i32,
+        index_of(1000.0) - index_of(1.5) + 1
+    );
+    assert_eq!(wide.positive.counts.iter().sum::<u64>(), 3);
+    assert_eq!(wide.negative.counts, vec![1]);
+    let narrow = d.buckets.exponential(3);
+    // 1.5 .. 1000 spans octaves 0 to 9: 10 at scale 0, 3 at scale -2.
+    assert_eq!(narrow.scale, -2);
+    assert_eq!(narrow.positive.offset, index_of(1.5) >> 8);
+    assert_eq!(narrow.positive.counts, vec![2, 0, 1]);
+    assert_eq!(narrow.negative.offset, index_of(0.001) >> 8);
+    // Scale -10 is the floor, whatever the limit.
+    let all = distribution_of(&[5e-324, f64::MAX]);
+    assert_eq!(all.buckets.exponential(1).scale, MIN_EXPONENTIAL_SCALE);
+    assert_eq!(
+        distribution_of(&[]).buckets.exponential(3),
+        Exponential {
+            scale: 6,
+            ..Exponential::default()
+        }
+    );
+}
