@@ -5,7 +5,7 @@
 //! writes them). Every rule (values, quantile, merge, bucket bounds, the
 //! OpenTelemetry downscaling) is the core's.
 
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use pyo3::exceptions::{PyAttributeError, PyTypeError, PyValueError};
 use pyo3::prelude::*;
@@ -41,11 +41,32 @@ const REQUIRED: [&str; 4] = ["count", "sum", "min", "max"];
 pub struct PyDistribution {
     /// Shared with the window that made it, if one did.
     inner: Arc<Distribution>,
+    /// `positive` and `negative` as Python tuples, made at the first read:
+    /// a window costs no Python object per bucket unless a handler reads
+    /// them, and later reads cost none.
+    tuples: [OnceLock<Py<PyTuple>>; 2],
 }
 
 impl PyDistribution {
     pub fn from_core(inner: Arc<Distribution>) -> Self {
-        PyDistribution { inner }
+        PyDistribution {
+            inner,
+            tuples: Default::default(),
+        }
+    }
+
+    /// Side 0 (positive) or 1 (negative) as a tuple of `(index, count)`.
+    fn side<'py>(&self, py: Python<'py>, side: usize) -> PyResult<Bound<'py, PyTuple>> {
+        if let Some(tuple) = self.tuples[side].get() {
+            return Ok(tuple.bind(py).clone());
+        }
+        let b = &self.inner.buckets;
+        let tuple = PyTuple::new(py, [&b.positive, &b.negative][side])?;
+        // Made outside the cell, then set: nothing that could let go of the
+        // GIL runs inside it (py_objects.rs says why). A racing reader's
+        // equal tuple may have landed first; either is the value.
+        let _ = self.tuples[side].set(tuple.clone().unbind());
+        Ok(tuple)
     }
 
     /// The checked constructor, from the keyword arguments by name.
@@ -456,15 +477,13 @@ impl PyDistribution {
     fn negative_inf_count(&self) -> u64 {
         self.inner.buckets.negative_inf_count
     }
-    /// Made at each read: a window's distribution costs no Python object
-    /// per bucket unless a handler reads them.
     #[getter]
     fn positive<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyTuple>> {
-        PyTuple::new(py, &self.inner.buckets.positive)
+        self.side(py, 0)
     }
     #[getter]
     fn negative<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyTuple>> {
-        PyTuple::new(py, &self.inner.buckets.negative)
+        self.side(py, 1)
     }
 
     #[staticmethod]
@@ -512,16 +531,16 @@ impl PyDistribution {
     fn to_dict<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
         let d = &self.inner;
         let b = &d.buckets;
-        let lists = |side: &[(i32, u64)]| {
-            let pairs = side
-                .iter()
-                .map(|&(index, count)| [i64::from(index), count as i64]);
-            PyList::new(
-                py,
-                pairs
-                    .map(|p| PyList::new(py, p))
-                    .collect::<PyResult<Vec<_>>>()?,
-            )
+        let lists = |side: &[(i32, u64)]| -> PyResult<Bound<'py, PyList>> {
+            let out = PyList::empty(py);
+            for &(index, count) in side {
+                let index = index.into_pyobject(py)?.into_any();
+                out.append(PyList::new(
+                    py,
+                    [index, count.into_pyobject(py)?.into_any()],
+                )?)?;
+            }
+            Ok(out)
         };
         let out = PyDict::new(py);
         out.set_item("scale", core::SCALE)?;
@@ -628,8 +647,8 @@ impl PyDistribution {
             b.nan_count,
             b.positive_inf_count,
             b.negative_inf_count,
-            PyTuple::new(py, &b.positive)?,
-            PyTuple::new(py, &b.negative)?,
+            this.side(py, 0)?,
+            this.side(py, 1)?,
         );
         Ok((restore, fields.into_pyobject(py)?))
     }
