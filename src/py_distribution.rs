@@ -7,9 +7,8 @@
 
 use std::sync::{Arc, OnceLock};
 
-use pyo3::exceptions::{PyAttributeError, PyTypeError, PyValueError};
+use pyo3::exceptions::{PyAttributeError, PyTypeError};
 use pyo3::prelude::*;
-use pyo3::pyclass::CompareOp;
 use pyo3::types::{PyBool, PyBytes, PyDict, PyFloat, PyInt, PyList, PyString, PyTuple, PyType};
 use torchmon_core::histogram::{
     self as core, Distribution, DistributionParts, InvalidDistribution, Place,
@@ -600,17 +599,15 @@ impl PyDistribution {
 
     /// Equal when every field is; NaN sum/min/max equal NaN (and -0.0 only
     /// -0.0), so that a distribution equals its round trip.
-    fn __richcmp__(&self, other: &Bound<'_, PyAny>, op: CompareOp) -> PyResult<Py<PyAny>> {
+    fn __eq__(&self, other: &Bound<'_, PyAny>) -> Py<PyAny> {
         let py = other.py();
-        let Ok(other) = other.cast::<PyDistribution>() else {
-            return Ok(py.NotImplemented());
-        };
-        let same = self.inner.same(&other.get().inner);
-        Ok(match op {
-            CompareOp::Eq => PyBool::new(py, same).to_owned().into_any().unbind(),
-            CompareOp::Ne => PyBool::new(py, !same).to_owned().into_any().unbind(),
-            _ => py.NotImplemented(),
-        })
+        match other.cast::<PyDistribution>() {
+            Ok(other) => PyBool::new(py, self.inner.same(&other.get().inner))
+                .to_owned()
+                .into_any()
+                .unbind(),
+            Err(_) => py.NotImplemented(),
+        }
     }
 
     fn __setattr__(&self, name: &Bound<'_, PyAny>, _value: &Bound<'_, PyAny>) -> PyResult<()> {
@@ -720,11 +717,12 @@ impl PyDistribution {
     #[staticmethod]
     fn _representative(index: i32) -> PyResult<f64> {
         if !(core::MIN_INDEX..=core::MAX_INDEX).contains(&index) {
-            return Err(PyValueError::new_err(arg_message(
+            let problem = format!("must be in {}..{}", core::MIN_INDEX, core::MAX_INDEX);
+            return Err(arg_value_error(
                 "Distribution._representative",
                 "index",
-                format_args!("must be in {}..{}", core::MIN_INDEX, core::MAX_INDEX),
-            )));
+                problem,
+            ));
         }
         Ok(core::representative(index))
     }
