@@ -550,7 +550,7 @@ impl Distribution {
         self.quantile_by_rank(|n| (u128::from(k) * u128::from(n)).div_ceil(1000))
     }
 
-    /// The quantile `q` (in `[0, 1]`) by the rules of docs/api.md
+    /// The quantile `q` (in `[0, 1]`; past it, the nearest end) by the rules of docs/api.md
     /// ("Distribution"): the sample of rank `max(1, ceil(q*n))` among the
     /// `n` non-NaN ones, with `q` read as the decimal Python's `repr(q)`
     /// writes (0.1 is 1/10, not the double above it), exactly; estimated by
@@ -558,12 +558,12 @@ impl Distribution {
     /// clamped into `[min, max]`. 0.0 for an empty window, NaN when all
     /// samples are NaN.
     pub fn quantile(&self, q: f64) -> f64 {
-        let (digits, exponent) = shortest_decimal(q);
+        let (digits, exponent) = shortest_decimal(q.clamp(0.0, 1.0));
         self.quantile_by_rank(|n| {
             let scaled = u128::from(digits) * u128::from(n);
             match u32::try_from(-exponent) {
-                // q >= 1 as written: q is 1 (or 0), so q*n is exact.
-                Err(_) => scaled * 10u128.pow(exponent as u32),
+                // A whole q: within [0, 1], 0 or 1, and q*n exact.
+                Err(_) => scaled.saturating_mul(10u128.saturating_pow(exponent as u32)),
                 // Past 10^38 the divisor exceeds digits * n < 2^121.
                 Ok(places) if places > 38 => u128::from(scaled > 0),
                 Ok(places) => scaled.div_ceil(10u128.pow(places)),

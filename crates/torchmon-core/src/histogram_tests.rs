@@ -750,6 +750,10 @@ fn quantile_reads_q_as_written_and_agrees_with_the_thousandths() {
     }
     assert_eq!(distribution_of(&[]).quantile(0.5), 0.0);
     assert!(distribution_of(&[f64::NAN]).quantile(0.5).is_nan());
+    // Outside [0, 1] (the binding refuses it): the nearest end, no panic.
+    let d = distribution_of(&samples);
+    assert_eq!((d.quantile(1e300), d.quantile(-1.0)), (10.0, 1.0));
+    assert_eq!(d.quantile(f64::NAN), 1.0);
 }
 
 #[test]
