@@ -12,6 +12,7 @@ from ._core import (
     STAT_EVENT,
     Aggregation,
     AsyncEventHandler,
+    Distribution,
     Event,
     EventHandlerHandle,
     Stat,
@@ -33,7 +34,6 @@ from ._wait_counter import WaitCounter, _WaitCounter, _WaitCounterTracker
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from . import handlers as handlers
-    from ._distribution import Distribution
     from ._rank import RankInfo, rank_info
     from .handlers.jsonl import JsonlEventHandler, read_jsonl
     from .handlers.otel import OpenTelemetryEventHandler
@@ -66,11 +66,6 @@ def __getattr__(name: str) -> object:
 
         handlers = importlib.import_module(".handlers", __name__)
         return handlers if name == "handlers" else getattr(handlers, name)
-    if name == "Distribution":
-        # Imports fractions and typing, which `import torchmon` does not need.
-        from ._distribution import Distribution
-
-        return Distribution
     if name in _FROM_RANK:
         from . import _rank
 
@@ -151,17 +146,6 @@ __all__ = [
     "register_event_handler",
     "unregister_event_handler",
 ]
-
-
-def _load_distribution() -> type:
-    """The Distribution class, for the native module (its module is imported
-    on the first window that carries one: ``import torchmon`` does not)."""
-    from ._distribution import Distribution
-
-    return Distribution
-
-
-_core._install_distribution_loader(_load_distribution)
 
 
 _lifecycle.install()  # what runs at exit and in a forked child, in order

@@ -88,14 +88,12 @@ def _last_steps() -> None:
 
 
 def _before_fork() -> None:
-    """On the forking thread: imports and fills now what torchmon's other
-    threads would import or fill on first use (a handler error's report
-    imports ``traceback``). A fork while another thread was inside such an
-    import left that module's import lock held for ever in the child, whose
-    first use of it hung (docs/reliability.md, "fork")."""
+    """On the forking thread: imports now what torchmon's other threads would
+    import on first use (a handler error's report imports ``traceback``). A
+    fork while another thread was inside such an import left that module's
+    import lock held for ever in the child, whose first use of it hung
+    (docs/reliability.md, "fork")."""
     import traceback  # noqa: F401  (torchmon._errors.report_unraisable)
-
-    _core._prepare_fork()
 
 
 def _after_fork_in_child() -> None:

@@ -399,7 +399,7 @@ fn quantiles_are_within_the_bucket_half_width_of_the_exact_ones() {
 fn merging_equals_the_histogram_of_all_samples() {
     let a = [1.0, -2.0, 0.0, 5e-320, f64::NAN, 1e10];
     let b = [3.0, 1.0, f64::INFINITY, -2.0, -7.0];
-    let merged = distribution_of(&a).merge(&distribution_of(&b));
+    let merged = distribution_of(&a).merge(&distribution_of(&b)).unwrap();
     let all: Vec<f64> = a.iter().chain(&b).copied().collect();
     let whole = distribution_of(&all);
     assert_eq!(merged.buckets, whole.buckets);
@@ -409,15 +409,18 @@ fn merging_equals_the_histogram_of_all_samples() {
     // merged ones are too, and the quantile is the bucket estimate of 4.0,
     // not the other window's 2.0 (rank 2 of 2.0, 4.0).
     let nan_first = distribution_of(&[f64::NAN, 4.0]);
-    let m = nan_first.merge(&distribution_of(&[2.0]));
+    let m = nan_first.merge(&distribution_of(&[2.0])).unwrap();
     assert!(m.min.is_nan() && m.max.is_nan());
     assert!((m.quantile_thousandths(999) - 4.0).abs() <= 0.0055 * 4.0);
     // A window without non-NaN samples adds no extremes.
-    let m = distribution_of(&[f64::NAN]).merge(&distribution_of(&[2.0, 3.0]));
+    let m = distribution_of(&[f64::NAN])
+        .merge(&distribution_of(&[2.0, 3.0]))
+        .unwrap();
     assert_eq!((m.min, m.max), (2.0, 3.0));
     assert!(
         distribution_of(&[f64::NAN])
             .merge(&distribution_of(&[f64::NAN]))
+            .unwrap()
             .min
             .is_nan()
     );
@@ -447,4 +450,369 @@ fn racing_first_samples_of_one_octave_allocate_one_block() {
     assert_eq!(buckets.positive.iter().map(|b| b.1).sum::<u64>(), 40_000);
     let one_block = size_of::<Histogram>() + size_of::<Group>() + size_of::<Block>();
     assert_eq!(histogram.allocated_bytes(), one_block);
+}
+
+fn parts_of(samples: &[f64]) -> DistributionParts {
+    let d = distribution_of(samples);
+    let wide = |side: &[(i32, u64)]| side.iter().map(|&(i, c)| (i64::from(i), c)).collect();
+    DistributionParts {
+        count: d.count,
+        sum: d.sum,
+        min: d.min,
+        max: d.max,
+        zero_count: d.buckets.zero_count,
+        nan_count: d.buckets.nan_count,
+        positive_inf_count: d.buckets.positive_inf_count,
+        negative_inf_count: d.buckets.negative_inf_count,
+        positive: wide(&d.buckets.positive),
+        negative: wide(&d.buckets.negative),
+    }
+}
+
+#[test]
+fn from_parts_accepts_what_a_window_makes() {
+    for samples in [
+        &[][..],
+        &[f64::NAN],
+        &[1.5, -3.0, 0.0, f64::INFINITY, f64::NEG_INFINITY, f64::NAN],
+        &[5e-324, f64::MAX, -f64::MAX],
+    ] {
+        let parts = parts_of(samples);
+        let made = Distribution::from_parts(parts).unwrap();
+        assert!(made.same(&distribution_of(samples)), "{samples:?}");
+    }
+}
+
+#[test]
+fn from_parts_refuses_bad_buckets_in_argument_order() {
+    use InvalidDistribution::*;
+    let base = parts_of(&[1.5, 3.0]);
+    let with = |positive: Vec<(i64, u64)>, negative: Vec<(i64, u64)>| DistributionParts {
+        positive,
+        negative,
+        ..base.clone()
+    };
+    let low = i64::from(MIN_INDEX) - 1;
+    let err = |p| Distribution::from_parts(p).unwrap_err();
+    assert_eq!(
+        err(with(vec![(low, 1)], vec![(70_000, 1)])),
+        IndexOutOfRange {
+            argument: "positive",
+            index: i128::from(low)
+        }
+    );
+    assert_eq!(
+        err(with(base.positive.clone(), vec![(70_000, 1)])),
+        IndexOutOfRange {
+            argument: "negative",
+            index: 70_000
+        }
+    );
+    assert_eq!(
+        err(with(vec![(3, 0)], vec![])),
+        EmptyBucket {
+            argument: "positive",
+            index: 3,
+            count: 0
+        }
+    );
+    assert_eq!(
+        err(with(vec![(37, 1), (37, 1)], vec![])),
+        NotAscending {
+            argument: "positive",
+            previous: 37,
+            index: 37
+        }
+    );
+    // The range rule comes before the count rule, which comes before order.
+    assert_eq!(
+        check_bucket("negative", Some(5), 1 << 70, -1),
+        Err(IndexOutOfRange {
+            argument: "negative",
+            index: 1 << 70
+        })
+    );
+    assert_eq!(
+        check_bucket("negative", Some(5), 2, -1),
+        Err(EmptyBucket {
+            argument: "negative",
+            index: 2,
+            count: -1
+        })
+    );
+    assert_eq!(
+        check_bucket("positive", None, 0, 1 << 64),
+        Err(TooLarge {
+            argument: "positive",
+            value: 1 << 64
+        })
+    );
+    assert_eq!(check_bucket("positive", Some(-1), 0, 7), Ok((0, 7)));
+}
+
+#[test]
+fn from_parts_refuses_counts_that_do_not_add_up() {
+    let parts = DistributionParts {
+        count: 3,
+        ..parts_of(&[1.5, 3.0])
+    };
+    assert_eq!(
+        Distribution::from_parts(parts).unwrap_err(),
+        InvalidDistribution::CountMismatch {
+            count: 3,
+            counted: 2
+        }
+    );
+    // Counts whose total passes u64 are added without overflow.
+    let parts = DistributionParts {
+        count: u64::MAX,
+        zero_count: u64::MAX,
+        nan_count: u64::MAX,
+        min: 0.0,
+        max: 0.0,
+        ..DistributionParts::default()
+    };
+    assert_eq!(
+        Distribution::from_parts(parts).unwrap_err(),
+        InvalidDistribution::CountMismatch {
+            count: u64::MAX,
+            counted: 2 * u128::from(u64::MAX)
+        }
+    );
+}
+
+#[test]
+fn from_parts_refuses_extremes_the_buckets_contradict() {
+    use InvalidDistribution::*;
+    let base = parts_of(&[-2.0, 1.5, 3.0]);
+    let extremes = |min: f64, max: f64| {
+        Distribution::from_parts(DistributionParts {
+            min,
+            max,
+            ..base.clone()
+        })
+    };
+    assert_eq!(
+        extremes(3.0, -2.0).unwrap_err(),
+        MinAboveMax {
+            min: 3.0,
+            max: -2.0
+        }
+    );
+    assert_eq!(
+        extremes(-2.5, 3.0).unwrap_err(),
+        Extreme {
+            is_min: true,
+            value: -2.5,
+            place: Place::Negative(index_of(2.0))
+        }
+    );
+    assert_eq!(
+        extremes(-2.0, 1.5).unwrap_err(),
+        Extreme {
+            is_min: false,
+            value: 1.5,
+            place: Place::Positive(index_of(3.0))
+        }
+    );
+    // NaN extremes are unknown, never contradicted; other samples of the
+    // extreme's bucket are.
+    assert!(extremes(f64::NAN, f64::NAN).is_ok());
+    assert!(extremes(-1.99, 3.01).is_ok());
+    // Without a non-NaN sample the extremes are whatever the window held.
+    let nan_only = parts_of(&[f64::NAN]);
+    assert!(
+        Distribution::from_parts(DistributionParts {
+            min: 7.0,
+            max: 8.0,
+            ..nan_only
+        })
+        .is_ok()
+    );
+    let zero = parts_of(&[0.0, f64::INFINITY]);
+    assert_eq!(
+        Distribution::from_parts(DistributionParts {
+            min: -0.0,
+            max: 4.0,
+            ..zero
+        })
+        .unwrap_err(),
+        Extreme {
+            is_min: false,
+            value: 4.0,
+            place: Place::PositiveInf
+        }
+    );
+}
+
+#[test]
+fn scale_and_count_rules() {
+    assert_eq!(check_scale(6), Ok(()));
+    assert_eq!(check_scale(5), Err(InvalidDistribution::Scale { scale: 5 }));
+    assert_eq!(check_count("count", 0), Ok(0));
+    assert_eq!(
+        check_count("nan_count", -1),
+        Err(InvalidDistribution::Negative {
+            argument: "nan_count",
+            value: -1
+        })
+    );
+    assert_eq!(
+        check_count("count", 1 << 64),
+        Err(InvalidDistribution::TooLarge {
+            argument: "count",
+            value: 1 << 64
+        })
+    );
+    assert_eq!(InvalidDistribution::Scale { scale: 1 }.argument(), "scale");
+}
+
+#[test]
+fn same_compares_floats_by_value_with_nan_equal_and_signed_zeros() {
+    let a = distribution_of(&[f64::NAN, 1.5]);
+    assert!(a.same(&distribution_of(&[f64::NAN, 1.5])));
+    let a = distribution_of(&[2.5, 1.5]);
+    assert!(a.same(&a.clone()));
+    let b = Distribution {
+        sum: -a.sum,
+        ..a.clone()
+    };
+    assert!(!a.same(&b));
+    let zero = distribution_of(&[0.0]);
+    let negative_zero = Distribution {
+        min: -0.0,
+        ..zero.clone()
+    };
+    assert!(!zero.same(&negative_zero));
+    assert!(!zero.same(&distribution_of(&[0.0, 0.0])));
+}
+
+#[test]
+fn merge_refuses_counts_past_u64() {
+    let big = Distribution {
+        count: u64::MAX,
+        buckets: Buckets {
+            zero_count: u64::MAX,
+            ..Buckets::default()
+        },
+        ..distribution_of(&[0.0])
+    };
+    assert_eq!(big.merge(&distribution_of(&[])), Some(big.clone()));
+    assert_eq!(big.merge(&distribution_of(&[0.0])), None);
+    let in_bucket = Distribution {
+        count: u64::MAX,
+        buckets: Buckets {
+            positive: vec![(0, u64::MAX)],
+            ..Buckets::default()
+        },
+        ..distribution_of(&[1.01])
+    };
+    let other = Distribution {
+        count: 0,
+        ..distribution_of(&[1.01])
+    };
+    assert_eq!(in_bucket.merge(&other), None);
+}
+
+#[test]
+fn shortest_decimals_are_the_written_ones() {
+    assert_eq!(shortest_decimal(0.1), (1, -1));
+    assert_eq!(shortest_decimal(0.99), (99, -2));
+    assert_eq!(shortest_decimal(1.0), (1, 0));
+    assert_eq!(shortest_decimal(0.0), (0, 0));
+    assert_eq!(shortest_decimal(5e-324), (5, -324));
+    assert_eq!(shortest_decimal(0.1 + 0.2), (30000000000000004, -17));
+}
+
+#[test]
+fn quantile_reads_q_as_written_and_agrees_with_the_thousandths() {
+    let samples: Vec<f64> = (1..=10).map(f64::from).collect();
+    let d = distribution_of(&samples);
+    // 0.1 * 10 is 1 as written: rank 1, the min; the double 0.1 is a little
+    // above 1/10, which would make it rank 2.
+    assert_eq!(d.quantile(0.1), 1.0);
+    assert_eq!(d.quantile(0.0), 1.0);
+    assert_eq!(d.quantile(1.0), 10.0);
+    assert_eq!(d.quantile(5e-324), 1.0);
+    assert_eq!(d.quantile(0.2), representative(index_of(2.0)));
+    let d = distribution_of(
+        &(0..2000)
+            .map(|i| f64::from(i) * 0.37 - 50.0)
+            .collect::<Vec<_>>(),
+    );
+    for k in [0, 1, 500, 900, 950, 990, 999, 1000] {
+        let q: f64 = format!("0.{k:03}").parse::<f64>().unwrap() + f64::from(u8::from(k == 1000));
+        assert_eq!(
+            d.quantile(q).to_bits(),
+            d.quantile_thousandths(k).to_bits(),
+            "{k}"
+        );
+    }
+    assert_eq!(distribution_of(&[]).quantile(0.5), 0.0);
+    assert!(distribution_of(&[f64::NAN]).quantile(0.5).is_nan());
+    // Outside [0, 1] (the binding refuses it): the nearest end, no panic.
+    let d = distribution_of(&samples);
+    assert_eq!((d.quantile(1e300), d.quantile(-1.0)), (10.0, 1.0));
+    assert_eq!(d.quantile(f64::NAN), 1.0);
+}
+
+#[test]
+fn bucket_bounds_hold_exactly_their_bucket() {
+    for index in [
+        MIN_INDEX,
+        MIN_INDEX + 64,
+        -64 * 1022 - 1,
+        -65,
+        -1,
+        0,
+        1,
+        37,
+        63,
+        64,
+        MAX_INDEX,
+    ] {
+        let (lower, upper) = bucket_bounds(i64::from(index)).unwrap();
+        assert_eq!(oracle(upper), index);
+        assert!(upper == f64::MAX || oracle(upper.next_up()) > index);
+        if lower > 0.0 {
+            assert!(oracle(lower) < index);
+        }
+        assert_eq!(lower, bucket_upper(i64::from(index) - 1));
+    }
+    assert_eq!(bucket_bounds(63), Some((bucket_upper(62), 2.0)));
+    assert_eq!(bucket_bounds(i64::from(MIN_INDEX)), Some((0.0, 5e-324)));
+    assert_eq!(bucket_bounds(i64::from(MIN_INDEX) - 1), None);
+    assert_eq!(bucket_bounds(i64::from(MAX_INDEX) + 1), None);
+    assert_eq!(bucket_upper(i64::MIN), 0.0);
+    assert_eq!(bucket_upper(i64::MAX), f64::MAX);
+}
+
+#[test]
+fn exponential_halves_the_scale_until_each_sign_fits() {
+    let d = distribution_of(&[1.5, 3.0, 1000.0, -0.001, 0.0]);
+    let wide = d.buckets.exponential(1000);
+    assert_eq!(wide.scale, 6);
+    assert_eq!(wide.positive.offset, index_of(1.5));
+    assert_eq!(
+        wide.positive.counts.len() as i32,
+        index_of(1000.0) - index_of(1.5) + 1
+    );
+    assert_eq!(wide.positive.counts.iter().sum::<u64>(), 3);
+    assert_eq!(wide.negative.counts, vec![1]);
+    let narrow = d.buckets.exponential(3);
+    // 1.5 .. 1000 spans octaves 0 to 9: 10 at scale 0, 3 at scale -2.
+    assert_eq!(narrow.scale, -2);
+    assert_eq!(narrow.positive.offset, index_of(1.5) >> 8);
+    assert_eq!(narrow.positive.counts, vec![2, 0, 1]);
+    assert_eq!(narrow.negative.offset, index_of(0.001) >> 8);
+    // Scale -10 is the floor, whatever the limit.
+    let all = distribution_of(&[5e-324, f64::MAX]);
+    assert_eq!(all.buckets.exponential(1).scale, MIN_EXPONENTIAL_SCALE);
+    assert_eq!(
+        distribution_of(&[]).buckets.exponential(3),
+        Exponential {
+            scale: 6,
+            ..Exponential::default()
+        }
+    );
 }
