@@ -6,7 +6,7 @@ unchanged; see docs/compatibility.md for the few deliberate differences.
 
 from __future__ import annotations
 
-from . import _core, _flush, _lifecycle, _tensors
+from . import _flush, _lifecycle, _tensors
 from ._core import (
     MAX_STAT_NAME_LENGTH,
     STAT_EVENT,
