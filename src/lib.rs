@@ -112,7 +112,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     crate::py_objects::init(py)?;
     crate::py_registry::init_lazy(py);
     crate::py_window_event::init_lazy(py);
-    crate::py_torch_wait_counters::init_fork_reset();
+    crate::py_torch_wait_counters::init();
     crate::py_entry_points::install(m)?;
     Ok(())
 }
