@@ -211,8 +211,11 @@ impl<T> Flush<T> {
     /// `deadline` came first (call again to keep waiting).
     pub fn wait(&mut self, deadline: Instant) -> Option<bool> {
         if let Some(marker) = self.marker.take() {
-            let Some(tx) = &self.tx else {
-                return Some(self.state.pending.load(SeqCst) == 0);
+            // A stopped worker answers no marker, and would leave it queued
+            // (the worker keeps a receiver for `take_queued`).
+            let tx = match &self.tx {
+                Some(tx) if !self.state.stopped.load(SeqCst) => tx,
+                _ => return Some(self.state.pending.load(SeqCst) == 0),
             };
             match tx.send_deadline(marker, deadline) {
                 Ok(()) => {}
@@ -448,7 +451,9 @@ impl<T: Send + 'static> Worker<T> {
         // the thread ended too.
         let mut thread = self.thread.lock();
         if let Some(handle) = thread.take() {
-            if let Some(tx) = &self.tx {
+            if let Some(tx) = &self.tx
+                && !state.stopped.load(SeqCst)
+            {
                 // Nothing can be accepted any more: the channel holds at most
                 // flush markers, answered ahead of `Stop`.
                 let _ = tx.send(Msg::Stop);
@@ -800,6 +805,13 @@ mod tests {
         assert_eq!(worker.handled() + worker.dropped(), 5);
         assert!(worker.handled() >= 1);
         assert!(matches!(worker.try_push(9), Pushed::Closed(9)));
+        // Flushes find it stopped and leave no marker behind, which, more
+        // than the queue's room, would block the next flush and the close.
+        for _ in 0..40 {
+            assert_eq!(flush(&worker), Some(true));
+        }
+        worker.begin_close();
+        assert!(worker.finish_close(LONG));
     }
 
     #[test]
