@@ -9,9 +9,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::py_registry::Failures;
-use crate::py_stat::StatShared;
+use crate::py_stat::{StatShared, WindowOwner};
 use crate::py_torch_wait_counters as wait_counters;
-use torchmon_core::stat::{Stat as CoreStat, WindowStats, live};
+use torchmon_core::stat::{Stat as CoreStat, live};
 use torchmon_core::wait_counter::Counter;
 
 /// How long `flush()` waits for the wait-counter delivery thread's dispatch
@@ -19,13 +19,6 @@ use torchmon_core::wait_counter::Counter;
 const FLUSH_WAIT: Duration = Duration::from_secs(2);
 /// How long the exit step waits for it.
 const EXIT_WAIT: Duration = Duration::from_secs(2);
-
-/// What a live Stat's window is emitted by: the Python object that owns it.
-pub(crate) trait WindowOwner {
-    fn emit_window(&self, py: Python<'_>, window: &WindowStats) -> PyResult<()>;
-    /// The Stat's name, for the context of a handler's error.
-    fn name<'py>(&self, py: Python<'py>) -> Bound<'py, PyAny>;
-}
 
 fn owner_of(stat: &CoreStat) -> Option<Arc<dyn WindowOwner>> {
     if let Some(owner) = stat.owner::<StatShared>() {

@@ -14,8 +14,8 @@ use std::ffi::c_char;
 use std::time::Duration;
 
 use crate::py_convert::arg_value_error;
-use crate::py_lifecycle::WindowOwner;
 use crate::py_registry::{Failures, current_handlers};
+use crate::py_stat::WindowOwner;
 use crate::py_window_event::dispatch_window_event;
 use torchmon_core::stat::WindowStats;
 use torchmon_core::wait_counter::{
