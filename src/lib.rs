@@ -4,6 +4,7 @@
 //! the thin binding layer over it (docs/internals.md, module map).
 #![deny(clippy::undocumented_unsafe_blocks)]
 
+mod py_add_many;
 mod py_aggregation;
 mod py_async;
 mod py_clock;
@@ -18,6 +19,7 @@ mod py_objects;
 mod py_prometheus;
 mod py_registry;
 mod py_stat;
+mod py_stat_args;
 mod py_torch_wait_counters;
 mod py_window_event;
 
@@ -40,6 +42,8 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
         AsyncEventHandler,
     };
     use crate::py_clock::{_clock_ms, _set_clock_ms, _window_ms};
+    use crate::py_compiled::{_stat_add_by_id, _stat_window_now};
+    use crate::py_convert::_install_tensor_support;
     use crate::py_lifecycle::{
         _flush_all_stats, _flush_stats_now, _live_stat_count, _reset_stats_after_fork,
     };
@@ -47,7 +51,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
         _close_exit_gate, _exit_gate_state, _handler_count, EventHandlerHandle,
         register_event_handler, unregister_event_handler,
     };
-    use crate::py_stat::{_install_tensor_support, _stat_add_by_id, _stat_window_now, Stat};
+    use crate::py_stat::Stat;
     crate::py_aggregation::add_to_module(m)?;
     m.add_class::<AsyncEventHandler>()?;
     m.add_class::<crate::py_distribution::PyDistribution>()?;
@@ -108,7 +112,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     crate::py_objects::init(py)?;
     crate::py_registry::init_lazy(py);
     crate::py_window_event::init_lazy(py);
-    crate::py_torch_wait_counters::init_fork_reset();
+    crate::py_torch_wait_counters::init();
     crate::py_entry_points::install(m)?;
     Ok(())
 }

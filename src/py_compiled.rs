@@ -1,7 +1,8 @@
 //! Where the values a `torch.compile` graph staged go (torchmon._compiled):
 //! the module attribute store that dynamo replays after each graph run, and
 //! the recording of its CPU tensors (docs/internals.md, "Tensors in compiled
-//! graphs").
+//! graphs"); and the adds by a Stat's id that torchmon._tensors makes for
+//! compiled graphs and for the deferred reads of device tensors.
 //!
 //! The store is the class `__setattr__` of `torchmon._compiled`'s module, a
 //! builtin: CPython calls a builtin found on the type with `(name, value)`
@@ -20,7 +21,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Weak};
 
 use crate::py_registry::Failures;
-use crate::py_stat::{StatShared, live_stats};
+use crate::py_stat::StatShared;
+use torchmon_core::stat::{Closed, live};
 
 /// What the store needs from torch and torchmon's Python side, set once
 /// the compile support is installed (torchmon._tensors).
@@ -285,11 +287,73 @@ fn emit_with_frame_hook_off(
     py: Python<'_>,
     set_eval_frame: &Bound<'_, PyAny>,
     stat: &Arc<StatShared>,
-    closed: &torchmon_core::stat::Closed,
+    closed: &Closed,
     failures: &mut Failures,
 ) -> PyResult<()> {
     let prior = set_eval_frame.call1((py.None(),))?;
     stat.emit_into(py, closed, failures);
     set_eval_frame.call1((prior,))?;
     Ok(())
+}
+
+/// The Python Stats of `live_ids`, in order (None for one no longer alive),
+/// looked up under one lock in the core's list of live Stats.
+fn live_stats(live_ids: impl Iterator<Item = u64>) -> Vec<Option<Arc<StatShared>>> {
+    live::find(live_ids)
+        .into_iter()
+        .map(|stat| stat?.owner::<StatShared>())
+        .collect()
+}
+
+fn live_stat(live_id: u64) -> Option<Arc<StatShared>> {
+    live::get(live_id)?.owner::<StatShared>()
+}
+
+/// Adds `values` to the live Stat `live_id`, the value `values[i]` at the
+/// clock reading `times_ms[i]` (or all now when `times_ms` is None), in
+/// order; a Stat that no longer lives records nothing. What a compiled graph
+/// and the deferred reads of device tensors call (torchmon._tensors).
+/// Returns whether the Stat lives.
+#[pyfunction]
+#[pyo3(signature = (live_id, values, times_ms = None))]
+pub fn _stat_add_by_id(
+    py: Python<'_>,
+    live_id: u64,
+    values: Vec<f64>,
+    times_ms: Option<Vec<i64>>,
+) -> PyResult<bool> {
+    let Some(stat) = live_stat(live_id) else {
+        return Ok(false);
+    };
+    let mut failures = Failures::default();
+    let mut emit = |closed: Closed| stat.emit_into(py, &closed, &mut failures);
+    match times_ms {
+        None => emit(stat.core().add_many_at(
+            values.len(),
+            |index| values[index],
+            stat.core().now_ms(),
+        )),
+        Some(times) => {
+            if times.len() != values.len() {
+                return Err(PyValueError::new_err(format!(
+                    "_stat_add_by_id: {} values but {} times",
+                    values.len(),
+                    times.len()
+                )));
+            }
+            for (&value, &now_ms) in values.iter().zip(&times) {
+                emit(stat.core().add_at(value, now_ms));
+            }
+        }
+    }
+    failures.into_result().map(|()| true)
+}
+
+/// The clock reading the Stat `live_id` measures its windows on now, and the
+/// id of the window it falls in; None when the Stat no longer lives.
+#[pyfunction]
+pub fn _stat_window_now(live_id: u64) -> Option<(i64, i64)> {
+    let stat = live_stat(live_id)?;
+    let now_ms = stat.core().now_ms();
+    Some((now_ms, stat.core().window_id(now_ms)))
 }

@@ -1,9 +1,11 @@
 //! Argument conversion shared by the bindings: strings, event data values,
-//! numbers. Every failure is a `TypeError`/`ValueError` naming the argument.
+//! numbers, and the recognition of torch tensors, which `Stat` hands to
+//! torchmon._tensors. Every failure is a `TypeError`/`ValueError` naming the
+//! argument.
 
 use pyo3::exceptions::{PyOverflowError, PyRuntimeError, PyTypeError, PyValueError};
 use pyo3::prelude::*;
-use pyo3::sync::Interned;
+use pyo3::sync::{Interned, PyOnceLock};
 use pyo3::types::{PyBool, PyByteArray, PyBytes, PyComplex, PyFloat, PyInt, PyString};
 
 /// The one format of an argument error, here and in the Python package
@@ -324,3 +326,49 @@ pub static INDEX: Interned = Interned::new("__index__");
 pub static INT: Interned = Interned::new("__int__");
 pub static COMBINE: Interned = Interned::new("combine");
 pub static ITEMS: Interned = Interned::new("items");
+
+/// torch.Tensor and the functions of torchmon._tensors that record tensors,
+/// set once torch is imported (docs/guide.md, "Recording tensors and
+/// torch.compile").
+pub struct TensorSupport {
+    tensor_type: Py<PyAny>,
+    pub add: Py<PyAny>,
+    pub add_many: Py<PyAny>,
+}
+
+static TENSOR_SUPPORT: PyOnceLock<TensorSupport> = PyOnceLock::new();
+
+/// The tensor handlers when `v` is a torch tensor.
+#[inline]
+pub fn tensor_support<'a>(
+    py: Python<'a>,
+    v: &Bound<'_, PyAny>,
+) -> PyResult<Option<&'a TensorSupport>> {
+    match TENSOR_SUPPORT.get(py) {
+        Some(support) if v.is_instance(support.tensor_type.bind(py))? => Ok(Some(support)),
+        _ => Ok(None),
+    }
+}
+
+/// Called once by torchmon._tensors when torch is imported: from then on
+/// `Stat.add` and `Stat.add_many` hand tensors to `add` / `add_many`
+/// (called with the Stat and the tensor). Later calls change nothing.
+#[pyfunction]
+pub fn _install_tensor_support(
+    py: Python<'_>,
+    tensor_type: Py<PyAny>,
+    add: Py<PyAny>,
+    add_many: Py<PyAny>,
+) -> bool {
+    // `set`, not `get_or_init`, which detaches from the GIL (py_objects).
+    TENSOR_SUPPORT
+        .set(
+            py,
+            TensorSupport {
+                tensor_type,
+                add,
+                add_many,
+            },
+        )
+        .is_ok()
+}

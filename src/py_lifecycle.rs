@@ -9,22 +9,16 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::py_registry::Failures;
-use crate::py_stat::StatShared;
-use crate::py_torch_wait_counters::{self as wait_counters, Counter};
-use torchmon_core::stat::{Stat as CoreStat, WindowStats, live};
+use crate::py_stat::{StatShared, WindowOwner};
+use crate::py_torch_wait_counters as wait_counters;
+use torchmon_core::stat::{Stat as CoreStat, live};
+use torchmon_core::wait_counter::Counter;
 
 /// How long `flush()` waits for the wait-counter delivery thread's dispatch
 /// in progress.
 const FLUSH_WAIT: Duration = Duration::from_secs(2);
 /// How long the exit step waits for it.
 const EXIT_WAIT: Duration = Duration::from_secs(2);
-
-/// What a live Stat's window is emitted by: the Python object that owns it.
-pub(crate) trait WindowOwner {
-    fn emit_window(&self, py: Python<'_>, window: &WindowStats) -> PyResult<()>;
-    /// The Stat's name, for the context of a handler's error.
-    fn name<'py>(&self, py: Python<'py>) -> Bound<'py, PyAny>;
-}
 
 fn owner_of(stat: &CoreStat) -> Option<Arc<dyn WindowOwner>> {
     if let Some(owner) = stat.owner::<StatShared>() {
@@ -74,7 +68,7 @@ pub fn _flush_stats_now(py: Python<'_>) -> PyResult<usize> {
 /// quiet and windows torch closes are dropped, Python untouched.
 #[pyfunction]
 pub fn _flush_all_stats(py: Python<'_>) {
-    let delivery = wait_counters::stop_delivery();
+    wait_counters::stop_delivery();
     let mut failures = Failures::default();
     wait_counters::emit_queued(py, &mut failures, EXIT_WAIT);
     if let Err(err) = failures.into_result() {
@@ -85,14 +79,14 @@ pub fn _flush_all_stats(py: Python<'_>) {
         err.write_unraisable(py, Some(pyo3::types::PyString::new(py, &context).as_any()));
     });
     crate::py_stat::mark_exited();
-    wait_counters::finish_exit(py, delivery);
+    wait_counters::finish_exit(py);
 }
 
 /// In a forked child: empties the open window of every live core Stat
 /// (Python's, WaitCounters', torch's wait counters' and any made in Rust),
 /// which holds the parent's samples, so that the child emits only what it
-/// adds itself, then runs the core's child hooks (the wait counters'
-/// delivery queue is replaced there). Registered with `os.register_at_fork`
+/// adds itself, gives the torch wait counters a new delivery queue, then
+/// runs the core's child hooks. Registered with `os.register_at_fork`
 /// by the package. Returns how many windows were discarded.
 #[pyfunction]
 pub fn _reset_stats_after_fork() -> usize {

@@ -1,7 +1,7 @@
 //! Every Python object the binding calls or checks against, in one table.
 //! None is imported by a name of torchmon's package: what the package
 //! provides, it installs through a setter (the tensor support and the
-//! compiled-graph store in `py_stat.rs` and `py_compiled.rs`).
+//! compiled-graph store in `py_convert.rs` and `py_compiled.rs`).
 //!
 //! Fork safety (docs/reliability.md, "fork", the audit): PyO3's
 //! `get_or_init` (and `intern!`, `Interned`, `import`) detaches from the GIL

@@ -5,9 +5,9 @@
 //! every Stat's open window still holds the parent's samples; a child that
 //! emitted them would log them a second time (docs/reliability.md, "fork").
 //! `after_fork_in_child` empties the open window of every live Stat (the list
-//! of `stat::live`), then runs the hooks registered with `on_fork_in_child`
-//! for state kept outside Stats (queues, cumulative totals, buffers kept in
-//! Rust).
+//! of `stat::live`), replaces the torch wait counters' delivery queue, then
+//! runs the hooks registered with `on_fork_in_child` for state kept outside
+//! Stats (queues, cumulative totals, buffers kept in Rust).
 //!
 //! The embedder calls `after_fork_in_child` in the child, on the thread that
 //! forked, before any other code of the child runs (the Python package does
@@ -25,7 +25,8 @@ pub fn on_fork_in_child(hook: fn()) {
 }
 
 /// In a forked child: empties the open window of every live Stat (see
-/// `Stat::reset_after_fork`), then runs the `on_fork_in_child` hooks.
+/// `Stat::reset_after_fork`), gives the torch wait counters a new delivery
+/// queue (`wait_counter`), then runs the `on_fork_in_child` hooks.
 /// Returns how many Stats had samples in their open window.
 ///
 /// Only the forking thread exists in the child. A lock that another parent
@@ -33,6 +34,7 @@ pub fn on_fork_in_child(hook: fn()) {
 /// rather than waited for (docs/reliability.md, "fork").
 pub fn after_fork_in_child() -> usize {
     let discarded = crate::stat::live::reset_after_fork();
+    crate::wait_counter::reset_after_fork();
     let hooks = CHILD_HOOKS
         .try_lock()
         .map(|h| h.clone())

@@ -1,8 +1,9 @@
 //! torchmon's core, free of PyO3: the windowed accumulator behind `Stat`
 //! (`stat`), the handler registry (`registry`), the bounded worker behind
-//! async handlers (`worker`), the exit gate (`exit_gate`), the fork reset (`fork`), the clocks
-//! (`clock`), the aggregations (`aggregation`) and the per-window histogram
-//! of the P aggregations (`histogram`). The binding crate at the
+//! async handlers (`worker`), the torch wait counters' backend
+//! (`wait_counter`), the exit gate (`exit_gate`), the fork reset (`fork`),
+//! the clocks (`clock`), the aggregations (`aggregation`) and the per-window
+//! histogram of the P aggregations (`histogram`). The binding crate at the
 //! repository root (`torchmon._core`) is the only user; docs/internals.md has
 //! the module map.
 #![deny(clippy::undocumented_unsafe_blocks)]
@@ -19,4 +20,7 @@ pub mod prometheus_server;
 pub mod registry;
 pub mod stat;
 mod sync;
+// Not under loom: its statics hold std atomics, and it runs no model.
+#[cfg(not(loom))]
+pub mod wait_counter;
 pub mod worker;

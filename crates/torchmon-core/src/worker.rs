@@ -1,5 +1,7 @@
 //! A bounded queue drained in order by one background thread, free of PyO3
-//! (generic over the item and the code that handles it).
+//! (generic over the item and the code that handles it). The thread may be
+//! started later than the queue is made (`new`, then `start`), and a caller
+//! may take back what the thread has not taken yet (`take_queued`).
 //!
 //! The bound is `pending`: items accepted and not yet handled, the one the
 //! worker is handling included, so that at most `capacity` items are ever
@@ -16,8 +18,8 @@
 use crossbeam_channel::{Receiver, SendTimeoutError, Sender, TrySendError};
 use parking_lot::{Condvar, Mutex};
 use std::panic::{AssertUnwindSafe, catch_unwind};
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering::SeqCst};
+use std::sync::{Arc, OnceLock};
 use std::thread::{JoinHandle, ThreadId};
 use std::time::{Duration, Instant};
 
@@ -36,6 +38,13 @@ pub trait Sink<T>: Send + 'static {
     /// is asked for, or `items` is left; a sink that stops before taking the
     /// first one has it counted as dropped.
     fn handle(&mut self, items: &mut dyn Iterator<Item = T>) -> Flow;
+}
+
+/// A sink chosen at run time (a `Worker` started from a static).
+impl<T: 'static> Sink<T> for Box<dyn Sink<T>> {
+    fn handle(&mut self, items: &mut dyn Iterator<Item = T>) -> Flow {
+        (**self).handle(items)
+    }
 }
 
 /// The result of offering an item.
@@ -85,8 +94,11 @@ struct State {
     capacity: usize,
     pending: AtomicUsize,
     closed: AtomicBool,
-    /// The worker thread has ended (or never existed).
+    /// The worker thread has ended (or, for `Worker::closed`, never existed).
     stopped: AtomicBool,
+    /// Set by the worker thread itself, first thing: whoever asks from that
+    /// thread finds it set.
+    thread_id: OnceLock<ThreadId>,
     dropped: AtomicU64,
     handled: AtomicU64,
     /// Threads waiting on `changed`, so that `release` takes the lock only
@@ -199,8 +211,11 @@ impl<T> Flush<T> {
     /// `deadline` came first (call again to keep waiting).
     pub fn wait(&mut self, deadline: Instant) -> Option<bool> {
         if let Some(marker) = self.marker.take() {
-            let Some(tx) = &self.tx else {
-                return Some(self.state.pending.load(SeqCst) == 0);
+            // A stopped worker answers no marker, and would leave it queued
+            // (the worker keeps a receiver for `take_queued`).
+            let tx = match &self.tx {
+                Some(tx) if !self.state.stopped.load(SeqCst) => tx,
+                _ => return Some(self.state.pending.load(SeqCst) == 0),
             };
             match tx.send_deadline(marker, deadline) {
                 Ok(()) => {}
@@ -236,29 +251,64 @@ impl<T> Flush<T> {
 /// The queue and its worker thread.
 pub struct Worker<T: Send + 'static> {
     tx: Option<Sender<Msg<T>>>,
+    /// The queue's receiving end, cloned for the thread by `start`; kept for
+    /// `take_queued`.
+    rx: Option<Receiver<Msg<T>>>,
     state: Arc<State>,
     thread: Mutex<Option<JoinHandle<()>>>,
-    thread_id: Option<ThreadId>,
+    started: AtomicBool,
 }
 
 impl<T: Send + 'static> Worker<T> {
     /// Starts a worker thread named `name` that passes items to `sink`.
     pub fn spawn(capacity: usize, sink: impl Sink<T>, name: &str) -> std::io::Result<Self> {
+        let worker = Self::new(capacity);
+        worker.start(sink, name)?;
+        Ok(worker)
+    }
+
+    /// An open queue with no thread yet: items wait for `start` (or for
+    /// `take_queued`). Flushes are answered only once a thread runs.
+    pub fn new(capacity: usize) -> Self {
         let capacity = capacity.max(1);
-        let state = Arc::new(Self::new_state(capacity));
         // Items never fill the channel (`pending` is the bound); the room
         // beyond `capacity` is for flush markers and `Stop`.
         let (tx, rx) = crossbeam_channel::bounded(capacity.saturating_add(16));
-        let worker_state = Arc::clone(&state);
-        let thread = std::thread::Builder::new()
-            .name(name.to_owned())
-            .spawn(move || run(rx, &worker_state, sink))?;
-        Ok(Worker {
+        Worker {
             tx: Some(tx),
-            state,
-            thread_id: Some(thread.thread().id()),
-            thread: Mutex::new(Some(thread)),
-        })
+            rx: Some(rx),
+            state: Arc::new(Self::new_state(capacity)),
+            thread: Mutex::new(None),
+            started: AtomicBool::new(false),
+        }
+    }
+
+    /// Starts the thread named `name` that passes items to `sink`, unless
+    /// one was started already or the worker is closed (then `sink` is
+    /// dropped). On error, no thread runs and `start` may be called again.
+    pub fn start(&self, sink: impl Sink<T>, name: &str) -> std::io::Result<()> {
+        let mut thread = self.thread.lock();
+        let Some(rx) = &self.rx else {
+            return Ok(());
+        };
+        if self.started.load(SeqCst) || self.state.closed.load(SeqCst) {
+            return Ok(());
+        }
+        let (rx, state) = (rx.clone(), Arc::clone(&self.state));
+        let handle = std::thread::Builder::new()
+            .name(name.to_owned())
+            .spawn(move || {
+                let _ = state.thread_id.set(std::thread::current().id());
+                run(rx, &state, sink);
+            })?;
+        *thread = Some(handle);
+        self.started.store(true, SeqCst);
+        Ok(())
+    }
+
+    /// Whether a thread was started (it may have ended since).
+    pub fn has_thread(&self) -> bool {
+        self.started.load(SeqCst)
     }
 
     /// A worker that is closed from the start and has no thread.
@@ -268,9 +318,10 @@ impl<T: Send + 'static> Worker<T> {
         state.stopped.store(true, SeqCst);
         Worker {
             tx: None,
+            rx: None,
             state: Arc::new(state),
             thread: Mutex::new(None),
-            thread_id: None,
+            started: AtomicBool::new(false),
         }
     }
 
@@ -280,6 +331,7 @@ impl<T: Send + 'static> Worker<T> {
             pending: AtomicUsize::new(0),
             closed: AtomicBool::new(false),
             stopped: AtomicBool::new(false),
+            thread_id: OnceLock::new(),
             dropped: AtomicU64::new(0),
             handled: AtomicU64::new(0),
             waiters: AtomicUsize::new(0),
@@ -306,7 +358,14 @@ impl<T: Send + 'static> Worker<T> {
             Err(TrySendError::Disconnected(msg)) => Err(msg),
         };
         match sent {
-            Ok(()) => Pushed::Queued,
+            Ok(()) => {
+                // The thread stopped (its sink could not run) while this item
+                // was sent: nobody else would take it out.
+                if self.state.stopped.load(SeqCst) {
+                    self.discard_queued();
+                }
+                Pushed::Queued
+            }
             Err(msg) => {
                 self.state.release(1);
                 match msg {
@@ -392,7 +451,9 @@ impl<T: Send + 'static> Worker<T> {
         // the thread ended too.
         let mut thread = self.thread.lock();
         if let Some(handle) = thread.take() {
-            if let Some(tx) = &self.tx {
+            if let Some(tx) = &self.tx
+                && !state.stopped.load(SeqCst)
+            {
                 // Nothing can be accepted any more: the channel holds at most
                 // flush markers, answered ahead of `Stop`.
                 let _ = tx.send(Msg::Stop);
@@ -411,6 +472,38 @@ impl<T: Send + 'static> Worker<T> {
         )
     }
 
+    /// Takes back the items the thread has not taken yet, in order: they are
+    /// the caller's now, neither handled nor dropped. A flush marker met on
+    /// the way is answered (what was before it is the caller's).
+    pub fn take_queued(&self) -> Vec<T> {
+        let mut items = Vec::new();
+        let Some(rx) = &self.rx else {
+            return items;
+        };
+        let mut stop = false;
+        while let Ok(msg) = rx.try_recv() {
+            match msg {
+                Msg::Item(item) => items.push(item),
+                Msg::Flush(token) => token.0.set(true),
+                Msg::Stop => stop = true,
+            }
+        }
+        if stop && let Some(tx) = &self.tx {
+            // Given back for the thread, which `finish_close` is joining.
+            let _ = tx.try_send(Msg::Stop);
+        }
+        self.state.release(items.len());
+        items
+    }
+
+    fn discard_queued(&self) {
+        if let Some(rx) = &self.rx {
+            while let Ok(msg) = rx.try_recv() {
+                discard(&self.state, msg);
+            }
+        }
+    }
+
     /// The thread, for whoever drops this worker and wants to join it later.
     pub fn take_thread(&self) -> Option<JoinHandle<()>> {
         self.thread.lock().take()
@@ -420,9 +513,14 @@ impl<T: Send + 'static> Worker<T> {
         self.state.dropped.fetch_add(n, SeqCst);
     }
 
+    /// The dropped count so far, which starts again from 0.
+    pub fn take_dropped(&self) -> u64 {
+        self.state.dropped.swap(0, SeqCst)
+    }
+
     /// Whether the calling thread is the worker thread.
     pub fn is_worker_thread(&self) -> bool {
-        self.thread_id == Some(std::thread::current().id())
+        self.state.thread_id.get() == Some(&std::thread::current().id())
     }
 
     /// Items accepted and not yet handled (a producer in the middle of
@@ -479,11 +577,16 @@ fn run<T: Send + 'static>(rx: Receiver<Msg<T>>, state: &State, mut sink: impl Si
             break;
         }
     }
-    // Whatever is left was accepted but will not be handled.
+    // Whatever is left was accepted but will not be handled. Again once
+    // `stopped` is set: a producer that sent meanwhile, before seeing it,
+    // is taken out here (one that sees it takes its item out itself).
     while let Ok(msg) = rx.try_recv() {
         discard(state, msg);
     }
     state.stopped.store(true, SeqCst);
+    while let Ok(msg) = rx.try_recv() {
+        discard(state, msg);
+    }
     state.notify();
     drop(sink);
 }
@@ -533,7 +636,7 @@ mod tests {
         gate: Arc<Mutex<()>>,
     }
 
-    fn collecting(capacity: usize) -> (Worker<u32>, Harness) {
+    fn collector() -> (Collect, Harness) {
         let (out, got) = mpsc::channel();
         let (started_tx, started) = mpsc::channel();
         let gate = Arc::new(Mutex::new(()));
@@ -542,7 +645,11 @@ mod tests {
             started: started_tx,
             gate: Arc::clone(&gate),
         };
-        let harness = Harness { got, started, gate };
+        (sink, Harness { got, started, gate })
+    }
+
+    fn collecting(capacity: usize) -> (Worker<u32>, Harness) {
+        let (sink, harness) = collector();
         (
             Worker::spawn(capacity, sink, "test-worker").unwrap(),
             harness,
@@ -698,6 +805,13 @@ mod tests {
         assert_eq!(worker.handled() + worker.dropped(), 5);
         assert!(worker.handled() >= 1);
         assert!(matches!(worker.try_push(9), Pushed::Closed(9)));
+        // Flushes find it stopped and leave no marker behind, which, more
+        // than the queue's room, would block the next flush and the close.
+        for _ in 0..40 {
+            assert_eq!(flush(&worker), Some(true));
+        }
+        worker.begin_close();
+        assert!(worker.finish_close(LONG));
     }
 
     #[test]
@@ -722,5 +836,86 @@ mod tests {
             h.got.try_iter().collect::<Vec<_>>(),
             (0..8).collect::<Vec<_>>()
         );
+    }
+
+    #[test]
+    fn a_thread_started_later_handles_what_waited_in_order() {
+        let worker = Worker::new(4);
+        for i in 0..3 {
+            assert!(matches!(worker.try_push(i), Pushed::Queued));
+        }
+        assert!(!worker.has_thread());
+        assert_eq!(worker.pending(), 3);
+        let (sink, h) = collector();
+        worker.start(sink, "test-late").unwrap();
+        assert!(worker.has_thread());
+        // A second start changes nothing (its sink is dropped unused).
+        let (other, other_h) = collector();
+        worker.start(other, "test-late-2").unwrap();
+        assert_eq!(flush(&worker), Some(true));
+        assert_eq!(h.got.try_iter().collect::<Vec<_>>(), vec![0, 1, 2]);
+        assert_eq!(other_h.got.try_iter().count(), 0);
+    }
+
+    #[test]
+    fn a_closed_queue_starts_no_thread() {
+        let worker: Worker<u32> = Worker::new(4);
+        worker.begin_close();
+        worker.start(Stopper, "test-closed").unwrap();
+        assert!(!worker.has_thread());
+        assert!(matches!(worker.try_push(1), Pushed::Closed(1)));
+    }
+
+    #[test]
+    fn take_queued_returns_what_the_thread_has_not_taken() {
+        let (worker, h) = collecting(8);
+        let closed_gate = h.gate.lock();
+        assert!(matches!(worker.try_push(0), Pushed::Queued));
+        // The worker holds item 0, blocked on the gate.
+        assert_eq!(h.started.recv_timeout(LONG), Ok(0));
+        for i in 1..4 {
+            assert!(matches!(worker.try_push(i), Pushed::Queued));
+        }
+        assert_eq!(worker.take_queued(), vec![1, 2, 3]);
+        // Only the item in hand is still pending.
+        assert_eq!(worker.pending(), 1);
+        assert!(!worker.wait_idle(Duration::from_millis(20)));
+        drop(closed_gate);
+        assert!(worker.wait_idle(LONG));
+        assert_eq!(h.got.try_iter().collect::<Vec<_>>(), vec![0]);
+        assert_eq!((worker.handled(), worker.dropped()), (1, 0));
+        assert!(worker.take_queued().is_empty());
+    }
+
+    #[test]
+    fn a_close_waits_only_for_the_item_in_hand_once_the_rest_is_taken_back() {
+        let (worker, h) = collecting(8);
+        let closed_gate = h.gate.lock();
+        assert!(matches!(worker.try_push(0), Pushed::Queued));
+        assert_eq!(h.started.recv_timeout(LONG), Ok(0));
+        assert!(matches!(worker.try_push(1), Pushed::Queued));
+        worker.begin_close();
+        let worker = Arc::new(worker);
+        let closer = {
+            let worker = Arc::clone(&worker);
+            // Sends `Stop` once item 0 is handled and 1 taken back.
+            std::thread::spawn(move || worker.finish_close(LONG))
+        };
+        assert_eq!(worker.take_queued(), vec![1]);
+        drop(closed_gate);
+        assert!(closer.join().unwrap());
+        assert!(worker.is_stopped());
+        assert_eq!(h.got.try_iter().collect::<Vec<_>>(), vec![0]);
+    }
+
+    #[test]
+    fn take_dropped_counts_from_zero_again() {
+        let worker: Worker<u32> = Worker::new(1);
+        assert!(matches!(worker.try_push(0), Pushed::Queued));
+        assert!(matches!(worker.try_push(1), Pushed::Full(1)));
+        worker.add_dropped(1);
+        assert_eq!(worker.take_dropped(), 1);
+        assert_eq!(worker.take_dropped(), 0);
+        assert_eq!(worker.dropped(), 0);
     }
 }
