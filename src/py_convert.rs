@@ -5,8 +5,10 @@
 
 use pyo3::exceptions::{PyOverflowError, PyRuntimeError, PyTypeError, PyValueError};
 use pyo3::prelude::*;
-use pyo3::sync::{Interned, PyOnceLock};
+use pyo3::sync::PyOnceLock;
 use pyo3::types::{PyBool, PyByteArray, PyBytes, PyComplex, PyFloat, PyInt, PyString};
+
+use crate::py_objects::{DTYPE, INDEX, KIND};
 
 /// The one format of an argument error, here and in the Python package
 /// (python/torchmon/_errors.py): the call, the argument, then the argument
@@ -317,15 +319,6 @@ impl NotASample {
         err
     }
 }
-
-/// Attribute names the bindings look up, interned once (filled at import:
-/// `py_objects::init`).
-pub static DTYPE: Interned = Interned::new("dtype");
-pub static KIND: Interned = Interned::new("kind");
-pub static INDEX: Interned = Interned::new("__index__");
-pub static INT: Interned = Interned::new("__int__");
-pub static COMBINE: Interned = Interned::new("combine");
-pub static ITEMS: Interned = Interned::new("items");
 
 /// torch.Tensor and the functions of torchmon._tensors that record tensors,
 /// set once torch is imported (docs/guide.md, "Recording tensors and

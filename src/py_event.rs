@@ -58,7 +58,7 @@ fn event_timestamp<'py>(value: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyAny>
         // torch reads a time of day as that time on 1970-01-01.
         let epoch_day = PyDate::new(value.py(), 1970, 1, 1)?;
         return value.py().get_type::<PyDateTime>().call_method1(
-            crate::py_convert::COMBINE.get(value.py()),
+            crate::py_objects::COMBINE.get(value.py()),
             (epoch_day, value),
         );
     }
@@ -101,7 +101,7 @@ pub fn event_data<'py>(value: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyDict>
         }
     } else if value.is_instance(crate::py_objects::mapping_abc(py)?)? {
         for pair in value
-            .call_method0(crate::py_convert::ITEMS.get(py))?
+            .call_method0(crate::py_objects::ITEMS.get(py))?
             .try_iter()?
         {
             let pair = pair?;

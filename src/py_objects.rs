@@ -18,7 +18,7 @@
 //! | `collections.abc.Mapping` | an Event's data, `Distribution.from_dict` | at import |
 //! | `collections.abc.Iterable` | a Distribution's buckets | at import |
 //! | `numpy.complexfloating` | refusing numpy complex samples | first non-float sample once numpy is imported (never imports it) |
-//! | the attribute names (`py_convert`'s and below) | samples, data values, tensors, distributions | at import |
+//! | the attribute names | samples, data values, tensors, distributions | at import |
 
 use pyo3::prelude::*;
 use pyo3::sync::{Interned, PyOnceLock};
@@ -61,6 +61,14 @@ static COMPLEXFLOATING_NAME: Interned = Interned::new("complexfloating");
 /// A tensor's `is_cpu` and `tolist` (compiled graphs' staged tensors).
 pub static IS_CPU: Interned = Interned::new("is_cpu");
 pub static TOLIST: Interned = Interned::new("tolist");
+/// Attribute names of samples, data values and tensors (`py_convert.rs`,
+/// `py_stat_args.rs`, `py_event.rs`).
+pub static DTYPE: Interned = Interned::new("dtype");
+pub static KIND: Interned = Interned::new("kind");
+pub static INDEX: Interned = Interned::new("__index__");
+pub static INT: Interned = Interned::new("__int__");
+pub static COMBINE: Interned = Interned::new("combine");
+pub static ITEMS: Interned = Interned::new("items");
 
 /// Whether `value` is a numpy complex scalar. Looked up without importing
 /// numpy: before numpy is imported there is none.
@@ -99,7 +107,6 @@ pub fn is_numpy_complex(value: &Bound<'_, PyAny>) -> bool {
 /// Fills the cells filled at import (the table above), and the attribute
 /// names interned once, before any other thread can use the module.
 pub fn init(py: Python<'_>) -> PyResult<()> {
-    use crate::py_convert::{COMBINE, DTYPE, INDEX, INT, ITEMS, KIND};
     for name in [
         &DTYPE,
         &KIND,

@@ -88,8 +88,8 @@ fn max_samples_arg(value: &Bound<'_, PyAny>) -> PyResult<i64> {
         value.clone()
     } else {
         value
-            .call_method0(crate::py_convert::INDEX.get(py))
-            .or_else(|_| value.call_method0(crate::py_convert::INT.get(py)))
+            .call_method0(crate::py_objects::INDEX.get(py))
+            .or_else(|_| value.call_method0(crate::py_objects::INT.get(py)))
             .map_err(|_| type_error())?
     };
     integer.extract::<i64>().map_err(|_| {
