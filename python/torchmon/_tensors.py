@@ -317,14 +317,21 @@ def _install_compile(torch: ModuleType) -> None:
 
 class _AfterImport:
     """A meta path finder that runs ``then(module)`` once ``name`` finished
-    importing, then leaves ``sys.meta_path``."""
+    importing, then leaves ``sys.meta_path``.
+
+    It stays until the module really executes: ``importlib.util.find_spec``
+    (which frameworks call to see whether torch is installed, before
+    importing it) also asks the finders, and the spec it gets is never
+    executed, so a finder that left at the first question missed the import
+    that followed."""
 
     def __init__(self, name: str, then: Any) -> None:
         self.name = name
         self.then = then
+        self.done = False
 
     def find_spec(self, name: str, path: Any = None, target: Any = None) -> Any:
-        if name != self.name:
+        if name != self.name or self.done:
             return None
         for finder in sys.meta_path:
             find_spec = getattr(finder, "find_spec", None)
@@ -335,16 +342,17 @@ class _AfterImport:
                 break
         else:
             return None
-        self._remove()
         loader = spec.loader
         exec_module = getattr(loader, "exec_module", None)
         if exec_module is None:
             return spec
-        then = self.then
 
         def exec_then(module: ModuleType) -> None:
             exec_module(module)
-            _run_hook(then, module)
+            if not self.done:
+                self.done = True
+                self._remove()
+                _run_hook(self.then, module)
 
         loader.exec_module = exec_then
         return spec

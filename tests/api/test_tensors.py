@@ -576,3 +576,41 @@ def test_a_graph_staging_more_values_than_a_staging_buffer_records_each_in_order
     assert values("short") == values("fh")
     assert values("long")["count"] == 3 * (4 * values_per_buffer + 3)
     assert sum(dynamo_counters["graph_break"].values()) == 0
+
+
+def test_tensor_support_installs_after_a_find_spec_of_torch() -> None:
+    """Frameworks ask ``importlib.util.find_spec("torch")`` whether torch is
+    installed before they import it (transformers does, at its import): the
+    tensor support still installs at the ``import torch`` that follows, so a
+    tensor Stat.add gets torchmon's checks and deferred reads, and
+    torch.compile support follows (docs/guide.md, "Recording tensors and
+    torch.compile")."""
+    import subprocess
+    import sys
+    import textwrap
+
+    code = textwrap.dedent(
+        """
+        import importlib.util
+        import torchmon
+        assert importlib.util.find_spec("torch") is not None
+        assert importlib.util.find_spec("torch._dynamo") is not None
+        import torch
+        stat = torchmon.Stat("loss", [torchmon.COUNT], 60.0)
+        try:
+            stat.add(torch.tensor([1.0, 2.0]))
+        except Exception as exc:
+            print(type(exc).__name__, exc)
+        import torch._dynamo
+        from torchmon import _tensors
+        print(_tensors._compile_support_installed)
+        """
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.splitlines() == [
+        "ValueError Stat.add(v): v must hold one number, not 2 (shape (2,))",
+        "True",
+    ]
