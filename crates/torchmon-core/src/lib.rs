@@ -18,5 +18,6 @@ pub mod prometheus;
 pub mod prometheus_server;
 pub mod registry;
 pub mod stat;
+pub mod summary;
 mod sync;
 pub mod worker;

@@ -1,0 +1,249 @@
+use super::line::{NotHandled, Value, is_isoformat, parse};
+use super::series::{Series, fsum};
+use super::*;
+
+const TS: &str = "2025-01-02T03:04:05.000006";
+
+fn line(data: &str) -> Vec<u8> {
+    format!("{{\"name\":\"torch.monitor.Stat\",\"timestamp\":\"{TS}\",\"data\":{data}}}\n")
+        .into_bytes()
+}
+
+#[test]
+fn a_sink_line_is_read() {
+    let raw = line(r#"{"loss.mean":0.5,"loss.count":3,"tag":"x","ok":true,"n":{"$float":"-inf"}}"#);
+    let record = parse(&raw).unwrap();
+    assert_eq!(record.name, "torch.monitor.Stat");
+    let data: Vec<(&str, Value)> = record.data.iter().map(|(k, v)| (&**k, *v)).collect();
+    assert_eq!(
+        data,
+        [
+            ("loss.mean", Value::Number(0.5)),
+            ("loss.count", Value::Number(3.0)),
+            ("tag", Value::Other),
+            ("ok", Value::Other),
+            ("n", Value::Number(f64::NEG_INFINITY)),
+        ]
+    );
+    assert_eq!(record.distribution, None);
+}
+
+#[test]
+fn what_python_reads_otherwise_is_left_to_it() {
+    // json.loads reads each of these differently from serde_json, or the
+    // Python reader refuses the line: none may be read here.
+    for data in [
+        r#"{"a":NaN}"#,
+        r#"{"a":Infinity}"#,
+        r#"{"a":-0}"#,
+        r#"{"a":-0.0}"#,
+        r#"{"a":9223372036854775808}"#,
+        r#"{"a":-9223372036854775809}"#,
+        r#"{"a":123456789012345678901234567890}"#,
+        r#"{"a":1e400}"#,
+        r#"{"a":1,"a":2}"#,
+        r#"{"a":[1]}"#,
+        r#"{"a":null}"#,
+        r#"{"a":{"$float":"NaN"}}"#,
+        r#"{"a":{"$float":"nan","b":1}}"#,
+        r#"{"a":"\ud800"}"#,
+        r#"[]"#,
+    ] {
+        assert_eq!(parse(&line(data)), Err(NotHandled), "{data}");
+    }
+    for raw in [
+        r#"{"name":"x","timestamp":"2025-01-02T03:04:05","data":{},"extra":1}"#,
+        r#"{"name":"x","name":"y","timestamp":"2025-01-02T03:04:05","data":{}}"#,
+        r#"{"name":"x","timestamp":"2025-01-02T03:04:05","fold":2,"data":{}}"#,
+        r#"{"name":"x","timestamp":"2025-01-02T03:04:05","fold":true,"data":{}}"#,
+        r#"{"name":"x","timestamp":"2025-02-29T03:04:05","data":{}}"#,
+        r#"{"name":"x","data":{}}"#,
+        r#"{"name":1,"timestamp":"2025-01-02T03:04:05","data":{}}"#,
+        r#"{"name":"x","timestamp":"2025-01-02T03:04:05","data":{}} x"#,
+    ] {
+        assert_eq!(parse(raw.as_bytes()), Err(NotHandled), "{raw}");
+    }
+    // i64's own range is read.
+    let raw = line(r#"{"a":-9223372036854775808,"b":9223372036854775807}"#);
+    let record = parse(&raw).unwrap();
+    assert_eq!(record.data[0].1, Value::Number(-9.223372036854776e18));
+    assert_eq!(record.data[1].1, Value::Number(9.223372036854776e18));
+}
+
+#[test]
+fn floats_are_correctly_rounded() {
+    // Halfway cases that a fast, inexact parser gets wrong.
+    let raw = line(r#"{"a":2.2250738585072011e-308,"b":9007199254740993.0,"c":0.1}"#);
+    let record = parse(&raw).unwrap();
+    let values: Vec<f64> = record
+        .data
+        .iter()
+        .map(|(_, v)| match v {
+            Value::Number(x) => *x,
+            Value::Other => panic!(),
+        })
+        .collect();
+    assert_eq!(
+        values,
+        ["2.2250738585072011e-308", "9007199254740993.0", "0.1"].map(|t| t.parse::<f64>().unwrap())
+    );
+}
+
+#[test]
+fn isoformat_subset() {
+    for ok in [
+        "2025-01-02T03:04:05",
+        "2024-02-29T23:59:59.999999",
+        "0001-01-01T00:00:00+05:30",
+        "9999-12-31T00:00:00-23:59",
+    ] {
+        assert!(is_isoformat(ok.as_bytes()), "{ok}");
+    }
+    for bad in [
+        "2025-02-29T00:00:00",
+        "1900-02-29T00:00:00",
+        "0000-01-01T00:00:00",
+        "2025-13-01T00:00:00",
+        "2025-01-01T24:00:00",
+        "2025-01-01T00:00:00.123",
+        "2025-01-01T00:00:00+24:00",
+        "2025-01-01T00:00:00Z",
+        "2025-01-01 00:00:00",
+        "2025-01-01T00:00:00+05:30:00",
+    ] {
+        assert!(!is_isoformat(bad.as_bytes()), "{bad}");
+    }
+}
+
+#[test]
+fn fsum_is_cpythons() {
+    assert_eq!(
+        fsum([1e-16, 1.0, 1e16].into_iter()),
+        Some(1.0000000000000002e16)
+    );
+    assert_eq!(fsum([0.1; 10].into_iter()), Some(1.0));
+    assert_eq!(fsum([1e308, 1e308].into_iter()), None);
+    assert!(
+        fsum([f64::INFINITY, f64::NEG_INFINITY].into_iter())
+            .unwrap()
+            .is_nan()
+    );
+}
+
+#[test]
+fn series_mean_min_max_and_trend() {
+    let mut s = Series::default();
+    for v in [1.0, f64::NAN, 3.0, 1e308, 1e308] {
+        s.add(v);
+    }
+    // The sum overflows; the mean does not (the Python code's figure).
+    assert_eq!(s.mean(), 5e307);
+    assert_eq!((s.n, s.low, s.high), (4, 1.0, 1e308));
+    let mut s = Series::default();
+    s.add(f64::INFINITY);
+    s.add(f64::NEG_INFINITY);
+    assert!(s.mean().is_nan());
+    // 48 windows: 24 runs of 2.
+    let mut s = Series::default();
+    for i in 0..48 {
+        s.add(f64::from(i));
+    }
+    let bars: Vec<char> = "_.-=+*#@".chars().collect();
+    assert_eq!(s.trend.draw(&bars), "___...---===+++***###@@@");
+}
+
+#[test]
+fn every_aggregation_suffix_is_split_off() {
+    for row in crate::aggregation::TABLE {
+        let key = format!("train.loss.{}", row.key_suffix);
+        assert_eq!(split_stat_key(&key), ("train.loss", row.key_suffix));
+    }
+    assert_eq!(split_stat_key("train.loss"), ("train.loss", ""));
+}
+
+type Calls = Vec<(Vec<u8>, u64)>;
+
+fn feed_all(summary: &mut Summary, blocks: &[&[u8]]) -> (Result<u64, FeedError<()>>, Calls) {
+    let mut calls = Vec::new();
+    let mut fallback = |line: &[u8], lineno: u64, _: bool| -> Result<Option<Decoded>, ()> {
+        calls.push((line.to_vec(), lineno));
+        Ok(None)
+    };
+    summary.start_file("0");
+    for block in blocks {
+        if let Err(e) = summary.feed(block, &mut fallback) {
+            return (Err(e), calls);
+        }
+    }
+    let records = summary.finish_file(&mut fallback);
+    (records, calls)
+}
+
+#[test]
+fn lines_split_across_blocks_blank_bad_and_unfinished() {
+    let good = line(r#"{"a.mean":1.0}"#);
+    let mut log = good.clone();
+    log.extend_from_slice(b" \t\r\n");
+    log.extend_from_slice(b"{bad}\n");
+    log.extend_from_slice(&good);
+    log.extend_from_slice(&good[..good.len() - 1]); // a whole event without its newline
+    let mut summary = Summary::new(1 << 20, false);
+    let blocks: Vec<&[u8]> = log.chunks(7).collect();
+    let (records, calls) = feed_all(&mut summary, &blocks);
+    assert_eq!(records, Ok(3));
+    assert_eq!(calls, [(b"{bad}\n".to_vec(), 3)]);
+    let rows = summary.stat_rows(&['x']);
+    assert_eq!(
+        (rows[0].stat, rows[0].aggregation, rows[0].windows),
+        ("a", "mean", 3)
+    );
+    // An unfinished line that is no event goes to the fallback as such.
+    let mut summary = Summary::new(1 << 20, false);
+    let (records, calls) = feed_all(&mut summary, &[&good, b"{\"na"]);
+    assert_eq!((records, calls), (Ok(1), vec![(b"{\"na".to_vec(), 2)]));
+}
+
+#[test]
+fn the_line_limit_counts_the_newline() {
+    let good = line(r#"{"a.mean":1.0}"#);
+    let mut summary = Summary::new(good.len(), false);
+    assert_eq!(feed_all(&mut summary, &[&good, &good]).0, Ok(2));
+    let mut summary = Summary::new(good.len() - 1, false);
+    assert_eq!(
+        feed_all(&mut summary, &[&good]).0,
+        Err(FeedError::LineTooLong(1))
+    );
+    // Refused while still unfinished, without waiting for its end.
+    let mut summary = Summary::new(10, false);
+    let (result, _) = feed_all(&mut summary, &[b"\n", b"0123456789", b"0"]);
+    assert_eq!(result, Err(FeedError::LineTooLong(2)));
+}
+
+#[test]
+fn windows_others_and_ranks() {
+    let mut summary = Summary::new(1 << 20, true);
+    let other = b"{\"name\":\"epoch\",\"timestamp\":\"2025-01-02T03:04:05\",\"data\":{\"n\":1}}\n";
+    for (label, value) in [("0", "1.0"), ("1", "3.0")] {
+        let mut log = line(&format!(r#"{{"s.p50":{value},"s.count":2}}"#));
+        log.extend_from_slice(other);
+        let mut fallback = |_: &[u8], _: u64, _: bool| -> Result<Option<Decoded>, ()> { Ok(None) };
+        summary.start_file(label);
+        summary.feed(&log, &mut fallback).unwrap();
+        assert_eq!(summary.finish_file(&mut fallback), Ok(2));
+    }
+    let rows = summary.stat_rows(&['x']);
+    assert_eq!(rows.len(), 2);
+    assert_eq!((rows[0].windows, rows[0].mean), (2, 2.0));
+    assert_eq!(summary.other_rows(), [("epoch", 2, &other[..])]);
+    let ranks = summary.rank_rows();
+    assert_eq!((ranks[1].aggregation, ranks[1].total), ("count", Some(4.0)));
+    assert_eq!(
+        (ranks[0].min_at, ranks[0].max_at, ranks[0].files),
+        ("0", "1", 2)
+    );
+    let stragglers = summary.straggler_rows();
+    assert_eq!(
+        stragglers.iter().map(|r| r.score).collect::<Vec<_>>(),
+        [Some(1.0), Some(1.0 / 3.0)]
+    );
+}
