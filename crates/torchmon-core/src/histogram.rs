@@ -605,6 +605,286 @@ impl Distribution {
     }
 }
 
+/// What a caller hands `Distribution::from_parts`: a distribution's fields
+/// before the rules of docs/api.md ("Distribution") are checked. Indices are
+/// `i64` so that any index a caller can name reaches the range rule.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct DistributionParts {
+    pub count: u64,
+    pub sum: f64,
+    pub min: f64,
+    pub max: f64,
+    pub zero_count: u64,
+    pub nan_count: u64,
+    pub positive_inf_count: u64,
+    pub negative_inf_count: u64,
+    pub positive: Vec<(i64, u64)>,
+    pub negative: Vec<(i64, u64)>,
+}
+
+/// Where a sample is counted: what `InvalidDistribution::Extreme` names.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Place {
+    NegativeInf,
+    /// The bucket of `|x|` among the negative ones.
+    Negative(i32),
+    Zero,
+    Positive(i32),
+    PositiveInf,
+}
+
+impl Place {
+    /// The count or bucket that holds `value` (not NaN).
+    pub fn of(value: f64) -> Place {
+        if value == f64::NEG_INFINITY {
+            Place::NegativeInf
+        } else if value == f64::INFINITY {
+            Place::PositiveInf
+        } else if value == 0.0 {
+            Place::Zero
+        } else if value < 0.0 {
+            Place::Negative(bucket_index((-value).to_bits()))
+        } else {
+            Place::Positive(bucket_index(value.to_bits()))
+        }
+    }
+}
+
+/// Why `from_parts` (or one of its checks, which a binding may call as it
+/// converts arguments, so that errors come in argument order) refused a
+/// distribution. Each names the argument at fault and carries the data of
+/// its message; the binding words it (floats as Python writes them).
+#[derive(Clone, Debug, PartialEq)]
+pub enum InvalidDistribution {
+    /// A scale other than `SCALE`, the only one supported.
+    Scale { scale: i128 },
+    /// A count below 0.
+    Negative { argument: &'static str, value: i128 },
+    /// A count that does not fit the `u64` counters of a Stat.
+    TooLarge { argument: &'static str, value: i128 },
+    /// A bucket index outside `MIN_INDEX..=MAX_INDEX`.
+    IndexOutOfRange { argument: &'static str, index: i128 },
+    /// A bucket counting no sample (or fewer than none).
+    EmptyBucket {
+        argument: &'static str,
+        index: i64,
+        count: i128,
+    },
+    /// Bucket indices not strictly ascending.
+    NotAscending {
+        argument: &'static str,
+        previous: i64,
+        index: i64,
+    },
+    /// `count` differs from the samples the other counts hold.
+    CountMismatch { count: u64, counted: u128 },
+    /// `min > max` (neither NaN).
+    MinAboveMax { min: f64, max: f64 },
+    /// A min (`is_min`) or max that is not NaN, outside the lowest (highest)
+    /// place that counts a sample, `place`.
+    Extreme {
+        is_min: bool,
+        value: f64,
+        place: Place,
+    },
+}
+
+impl InvalidDistribution {
+    /// The argument the error is about.
+    pub fn argument(&self) -> &'static str {
+        match self {
+            Self::Scale { .. } => "scale",
+            Self::Negative { argument, .. }
+            | Self::TooLarge { argument, .. }
+            | Self::IndexOutOfRange { argument, .. }
+            | Self::EmptyBucket { argument, .. }
+            | Self::NotAscending { argument, .. } => argument,
+            Self::CountMismatch { .. } => "count",
+            Self::MinAboveMax { .. } => "min",
+            Self::Extreme { is_min: true, .. } => "min",
+            Self::Extreme { is_min: false, .. } => "max",
+        }
+    }
+}
+
+/// The scale rule: only `SCALE`.
+pub fn check_scale(scale: i128) -> Result<(), InvalidDistribution> {
+    if scale == i128::from(SCALE) {
+        Ok(())
+    } else {
+        Err(InvalidDistribution::Scale { scale })
+    }
+}
+
+/// One of the counts (`count`, `zero_count`, ...): at least 0, and within a
+/// Stat's `u64` counters.
+pub fn check_count(argument: &'static str, value: i128) -> Result<u64, InvalidDistribution> {
+    if value < 0 {
+        Err(InvalidDistribution::Negative { argument, value })
+    } else {
+        u64::try_from(value).map_err(|_| InvalidDistribution::TooLarge { argument, value })
+    }
+}
+
+/// One `(index, count)` pair of the buckets `argument` ("positive" or
+/// "negative"), after `previous`, the index of the pair before it: the index
+/// within `MIN_INDEX..=MAX_INDEX`, the count above 0 (and within `u64`),
+/// indices strictly ascending, checked in this order.
+pub fn check_bucket(
+    argument: &'static str,
+    previous: Option<i64>,
+    index: i128,
+    count: i128,
+) -> Result<(i64, u64), InvalidDistribution> {
+    if !(i128::from(MIN_INDEX)..=i128::from(MAX_INDEX)).contains(&index) {
+        return Err(InvalidDistribution::IndexOutOfRange { argument, index });
+    }
+    let index = index as i64; // in range, checked above
+    if count <= 0 {
+        return Err(InvalidDistribution::EmptyBucket {
+            argument,
+            index,
+            count,
+        });
+    }
+    let count = u64::try_from(count).map_err(|_| InvalidDistribution::TooLarge {
+        argument,
+        value: count,
+    })?;
+    match previous {
+        Some(previous) if index <= previous => Err(InvalidDistribution::NotAscending {
+            argument,
+            previous,
+            index,
+        }),
+        _ => Ok((index, count)),
+    }
+}
+
+/// `parts`' buckets of one side, checked, as the histogram stores them.
+fn checked_side(
+    argument: &'static str,
+    pairs: &[(i64, u64)],
+) -> Result<Vec<(i32, u64)>, InvalidDistribution> {
+    let mut previous = None;
+    let mut out = Vec::with_capacity(pairs.len());
+    for &(index, count) in pairs {
+        let (index, count) =
+            check_bucket(argument, previous, i128::from(index), i128::from(count))?;
+        previous = Some(index);
+        out.push((index as i32, count)); // in MIN_INDEX..=MAX_INDEX
+    }
+    Ok(out)
+}
+
+impl Distribution {
+    /// A distribution from its parts, if they obey the rules of docs/api.md
+    /// ("Distribution"), checked in this order: each side's buckets
+    /// (`check_bucket`), `count` equal to the samples counted elsewhere, then
+    /// the extremes: a min or max that is not NaN is a sample (torch's
+    /// MIN/MAX keep the first one when it is NaN), so the smallest lies in
+    /// the lowest place that counts a sample and the largest in the highest,
+    /// and min <= max. So quantiles clamped into `[min, max]` never come
+    /// from extremes the buckets contradict.
+    pub fn from_parts(parts: DistributionParts) -> Result<Distribution, InvalidDistribution> {
+        let positive = checked_side("positive", &parts.positive)?;
+        let negative = checked_side("negative", &parts.negative)?;
+        let counted = [
+            parts.zero_count,
+            parts.nan_count,
+            parts.positive_inf_count,
+            parts.negative_inf_count,
+        ]
+        .into_iter()
+        .chain(positive.iter().chain(&negative).map(|&(_, count)| count))
+        .map(u128::from)
+        .sum::<u128>();
+        if counted != u128::from(parts.count) {
+            return Err(InvalidDistribution::CountMismatch {
+                count: parts.count,
+                counted,
+            });
+        }
+        let (low, high) = (parts.min, parts.max);
+        if !low.is_nan() && !high.is_nan() && low > high {
+            return Err(InvalidDistribution::MinAboveMax {
+                min: low,
+                max: high,
+            });
+        }
+        let distribution = Distribution {
+            count: parts.count,
+            sum: parts.sum,
+            min: low,
+            max: high,
+            buckets: Buckets {
+                zero_count: parts.zero_count,
+                nan_count: parts.nan_count,
+                positive_inf_count: parts.positive_inf_count,
+                negative_inf_count: parts.negative_inf_count,
+                positive,
+                negative,
+            },
+        };
+        if let Some((lowest, highest)) = distribution.buckets.extreme_places() {
+            for (is_min, value, place) in [(true, low, lowest), (false, high, highest)] {
+                if !value.is_nan() && Place::of(value) != place {
+                    return Err(InvalidDistribution::Extreme {
+                        is_min,
+                        value,
+                        place,
+                    });
+                }
+            }
+        }
+        Ok(distribution)
+    }
+}
+
+/// Equal as values: NaN equals NaN (whatever its payload), `-0.0` only
+/// `-0.0`, so that a distribution equals its round trip through text.
+fn same_float(a: f64, b: f64) -> bool {
+    (a.is_nan() && b.is_nan()) || a.to_bits() == b.to_bits()
+}
+
+impl Distribution {
+    /// Every field equal, floats by `same_float` (`==` of `PartialEq` has
+    /// NaN unequal to itself).
+    pub fn same(&self, other: &Distribution) -> bool {
+        self.count == other.count
+            && same_float(self.sum, other.sum)
+            && same_float(self.min, other.min)
+            && same_float(self.max, other.max)
+            && self.buckets == other.buckets
+    }
+}
+
+impl Buckets {
+    /// The places of the smallest and the largest non-NaN sample, or `None`
+    /// without any.
+    pub fn extreme_places(&self) -> Option<(Place, Place)> {
+        let mut places = Vec::with_capacity(7);
+        if self.negative_inf_count > 0 {
+            places.push(Place::NegativeInf);
+        }
+        if let (Some(&(first, _)), Some(&(last, _))) = (self.negative.first(), self.negative.last())
+        {
+            places.extend([Place::Negative(last), Place::Negative(first)]);
+        }
+        if self.zero_count > 0 {
+            places.push(Place::Zero);
+        }
+        if let (Some(&(first, _)), Some(&(last, _))) = (self.positive.first(), self.positive.last())
+        {
+            places.extend([Place::Positive(first), Place::Positive(last)]);
+        }
+        if self.positive_inf_count > 0 {
+            places.push(Place::PositiveInf);
+        }
+        Some((*places.first()?, *places.last()?))
+    }
+}
+
 /// Two ascending `(index, count)` lists added index by index.
 fn merge_counts(a: &[(i32, u64)], b: &[(i32, u64)]) -> Vec<(i32, u64)> {
     let mut out = Vec::with_capacity(a.len() + b.len());

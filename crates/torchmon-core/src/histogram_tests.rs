@@ -448,3 +448,238 @@ fn racing_first_samples_of_one_octave_allocate_one_block() {
     let one_block = size_of::<Histogram>() + size_of::<Group>() + size_of::<Block>();
     assert_eq!(histogram.allocated_bytes(), one_block);
 }
+
+fn parts_of(samples: &[f64]) -> DistributionParts {
+    let d = distribution_of(samples);
+    let wide = |side: &[(i32, u64)]| side.iter().map(|&(i, c)| (i64::from(i), c)).collect();
+    DistributionParts {
+        count: d.count,
+        sum: d.sum,
+        min: d.min,
+        max: d.max,
+        zero_count: d.buckets.zero_count,
+        nan_count: d.buckets.nan_count,
+        positive_inf_count: d.buckets.positive_inf_count,
+        negative_inf_count: d.buckets.negative_inf_count,
+        positive: wide(&d.buckets.positive),
+        negative: wide(&d.buckets.negative),
+    }
+}
+
+#[test]
+fn from_parts_accepts_what_a_window_makes() {
+    for samples in [
+        &[][..],
+        &[f64::NAN],
+        &[1.5, -3.0, 0.0, f64::INFINITY, f64::NEG_INFINITY, f64::NAN],
+        &[5e-324, f64::MAX, -f64::MAX],
+    ] {
+        let parts = parts_of(samples);
+        let made = Distribution::from_parts(parts).unwrap();
+        assert!(made.same(&distribution_of(samples)), "{samples:?}");
+    }
+}
+
+#[test]
+fn from_parts_refuses_bad_buckets_in_argument_order() {
+    use InvalidDistribution::*;
+    let base = parts_of(&[1.5, 3.0]);
+    let with = |positive: Vec<(i64, u64)>, negative: Vec<(i64, u64)>| DistributionParts {
+        positive,
+        negative,
+        ..base.clone()
+    };
+    let low = i64::from(MIN_INDEX) - 1;
+    let err = |p| Distribution::from_parts(p).unwrap_err();
+    assert_eq!(
+        err(with(vec![(low, 1)], vec![(70_000, 1)])),
+        IndexOutOfRange {
+            argument: "positive",
+            index: i128::from(low)
+        }
+    );
+    assert_eq!(
+        err(with(base.positive.clone(), vec![(70_000, 1)])),
+        IndexOutOfRange {
+            argument: "negative",
+            index: 70_000
+        }
+    );
+    assert_eq!(
+        err(with(vec![(3, 0)], vec![])),
+        EmptyBucket {
+            argument: "positive",
+            index: 3,
+            count: 0
+        }
+    );
+    assert_eq!(
+        err(with(vec![(37, 1), (37, 1)], vec![])),
+        NotAscending {
+            argument: "positive",
+            previous: 37,
+            index: 37
+        }
+    );
+    // The range rule comes before the count rule, which comes before order.
+    assert_eq!(
+        check_bucket("negative", Some(5), 1 << 70, -1),
+        Err(IndexOutOfRange {
+            argument: "negative",
+            index: 1 << 70
+        })
+    );
+    assert_eq!(
+        check_bucket("negative", Some(5), 2, -1),
+        Err(EmptyBucket {
+            argument: "negative",
+            index: 2,
+            count: -1
+        })
+    );
+    assert_eq!(
+        check_bucket("positive", None, 0, 1 << 64),
+        Err(TooLarge {
+            argument: "positive",
+            value: 1 << 64
+        })
+    );
+    assert_eq!(check_bucket("positive", Some(-1), 0, 7), Ok((0, 7)));
+}
+
+#[test]
+fn from_parts_refuses_counts_that_do_not_add_up() {
+    let parts = DistributionParts {
+        count: 3,
+        ..parts_of(&[1.5, 3.0])
+    };
+    assert_eq!(
+        Distribution::from_parts(parts).unwrap_err(),
+        InvalidDistribution::CountMismatch {
+            count: 3,
+            counted: 2
+        }
+    );
+    // Counts whose total passes u64 are added without overflow.
+    let parts = DistributionParts {
+        count: u64::MAX,
+        zero_count: u64::MAX,
+        nan_count: u64::MAX,
+        min: 0.0,
+        max: 0.0,
+        ..DistributionParts::default()
+    };
+    assert_eq!(
+        Distribution::from_parts(parts).unwrap_err(),
+        InvalidDistribution::CountMismatch {
+            count: u64::MAX,
+            counted: 2 * u128::from(u64::MAX)
+        }
+    );
+}
+
+#[test]
+fn from_parts_refuses_extremes_the_buckets_contradict() {
+    use InvalidDistribution::*;
+    let base = parts_of(&[-2.0, 1.5, 3.0]);
+    let extremes = |min: f64, max: f64| {
+        Distribution::from_parts(DistributionParts {
+            min,
+            max,
+            ..base.clone()
+        })
+    };
+    assert_eq!(
+        extremes(3.0, -2.0).unwrap_err(),
+        MinAboveMax {
+            min: 3.0,
+            max: -2.0
+        }
+    );
+    assert_eq!(
+        extremes(-2.5, 3.0).unwrap_err(),
+        Extreme {
+            is_min: true,
+            value: -2.5,
+            place: Place::Negative(index_of(2.0))
+        }
+    );
+    assert_eq!(
+        extremes(-2.0, 1.5).unwrap_err(),
+        Extreme {
+            is_min: false,
+            value: 1.5,
+            place: Place::Positive(index_of(3.0))
+        }
+    );
+    // NaN extremes are unknown, never contradicted; other samples of the
+    // extreme's bucket are.
+    assert!(extremes(f64::NAN, f64::NAN).is_ok());
+    assert!(extremes(-1.99, 3.01).is_ok());
+    // Without a non-NaN sample the extremes are whatever the window held.
+    let nan_only = parts_of(&[f64::NAN]);
+    assert!(
+        Distribution::from_parts(DistributionParts {
+            min: 7.0,
+            max: 8.0,
+            ..nan_only
+        })
+        .is_ok()
+    );
+    let zero = parts_of(&[0.0, f64::INFINITY]);
+    assert_eq!(
+        Distribution::from_parts(DistributionParts {
+            min: -0.0,
+            max: 4.0,
+            ..zero
+        })
+        .unwrap_err(),
+        Extreme {
+            is_min: false,
+            value: 4.0,
+            place: Place::PositiveInf
+        }
+    );
+}
+
+#[test]
+fn scale_and_count_rules() {
+    assert_eq!(check_scale(6), Ok(()));
+    assert_eq!(check_scale(5), Err(InvalidDistribution::Scale { scale: 5 }));
+    assert_eq!(check_count("count", 0), Ok(0));
+    assert_eq!(
+        check_count("nan_count", -1),
+        Err(InvalidDistribution::Negative {
+            argument: "nan_count",
+            value: -1
+        })
+    );
+    assert_eq!(
+        check_count("count", 1 << 64),
+        Err(InvalidDistribution::TooLarge {
+            argument: "count",
+            value: 1 << 64
+        })
+    );
+    assert_eq!(InvalidDistribution::Scale { scale: 1 }.argument(), "scale");
+}
+
+#[test]
+fn same_compares_floats_by_value_with_nan_equal_and_signed_zeros() {
+    let a = distribution_of(&[f64::NAN, 1.5]);
+    assert!(a.same(&distribution_of(&[f64::NAN, 1.5])));
+    let a = distribution_of(&[2.5, 1.5]);
+    assert!(a.same(&a.clone()));
+    let b = Distribution {
+        sum: -a.sum,
+        ..a.clone()
+    };
+    assert!(!a.same(&b));
+    let zero = distribution_of(&[0.0]);
+    let negative_zero = Distribution {
+        min: -0.0,
+        ..zero.clone()
+    };
+    assert!(!zero.same(&negative_zero));
+    assert!(!zero.same(&distribution_of(&[0.0, 0.0])));
+}
