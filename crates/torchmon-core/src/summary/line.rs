@@ -25,6 +25,7 @@
 use std::borrow::Cow;
 use std::fmt;
 
+use crate::histogram::DistributionParts;
 use serde::de::{self, DeserializeSeed, Deserializer, MapAccess, SeqAccess, Visitor};
 
 /// A data value as `torchmon summarize` needs it: a number (an int or a
@@ -36,20 +37,11 @@ pub enum Value {
 }
 
 /// A window's histogram as the line stores it (`Distribution.to_dict()`),
-/// not yet checked: the fields of `histogram::Distribution` and the scale.
+/// not yet checked: its scale when given, and its parts.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct StoredDistribution {
     pub scale: Option<u64>,
-    pub count: Option<u64>,
-    pub sum: Option<f64>,
-    pub min: Option<f64>,
-    pub max: Option<f64>,
-    pub zero_count: u64,
-    pub nan_count: u64,
-    pub positive_inf_count: u64,
-    pub negative_inf_count: u64,
-    pub positive: Vec<(i64, u64)>,
-    pub negative: Vec<(i64, u64)>,
+    pub parts: DistributionParts,
 }
 
 /// A line read: the event's name and data (in the line's order), and the
@@ -352,6 +344,7 @@ impl<'de> de::Deserialize<'de> for Stored {
             }
             fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Stored, A::Error> {
                 let mut s = StoredDistribution::default();
+                let p = &mut s.parts;
                 let mut seen = 0u16;
                 while let Some(key) = map.next_key::<Text<'de>>()? {
                     let bit = match &*key.0 {
@@ -374,17 +367,21 @@ impl<'de> de::Deserialize<'de> for Stored {
                     seen |= 1 << bit;
                     match bit {
                         0 => s.scale = Some(map.next_value::<Count>()?.0),
-                        1 => s.count = Some(map.next_value::<Count>()?.0),
-                        2 => s.sum = Some(map.next_value::<StoredFloat>()?.0),
-                        3 => s.min = Some(map.next_value::<StoredFloat>()?.0),
-                        4 => s.max = Some(map.next_value::<StoredFloat>()?.0),
-                        5 => s.zero_count = map.next_value::<Count>()?.0,
-                        6 => s.nan_count = map.next_value::<Count>()?.0,
-                        7 => s.positive_inf_count = map.next_value::<Count>()?.0,
-                        8 => s.negative_inf_count = map.next_value::<Count>()?.0,
-                        9 => s.positive = map.next_value::<Buckets>()?.0,
-                        _ => s.negative = map.next_value::<Buckets>()?.0,
+                        1 => p.count = map.next_value::<Count>()?.0,
+                        2 => p.sum = map.next_value::<StoredFloat>()?.0,
+                        3 => p.min = map.next_value::<StoredFloat>()?.0,
+                        4 => p.max = map.next_value::<StoredFloat>()?.0,
+                        5 => p.zero_count = map.next_value::<Count>()?.0,
+                        6 => p.nan_count = map.next_value::<Count>()?.0,
+                        7 => p.positive_inf_count = map.next_value::<Count>()?.0,
+                        8 => p.negative_inf_count = map.next_value::<Count>()?.0,
+                        9 => p.positive = map.next_value::<Buckets>()?.0,
+                        _ => p.negative = map.next_value::<Buckets>()?.0,
                     }
+                }
+                // count, sum, min and max have no default.
+                if seen & 0b11110 != 0b11110 {
+                    return Err(not_handled());
                 }
                 Ok(Stored(s))
             }

@@ -12,7 +12,7 @@ pub mod series;
 use std::collections::HashMap;
 
 use crate::aggregation::TABLE;
-use crate::histogram::Distribution;
+use crate::histogram::{Distribution, check_scale};
 use crate::stat::STAT_EVENT;
 use line::{NotHandled, StoredDistribution, Value};
 use series::Series;
@@ -34,10 +34,14 @@ pub enum FeedError<E> {
     Fallback(E),
 }
 
-/// A stored distribution checked as `Distribution.from_dict` checks it, or
-/// `NotHandled` (the Python reader then says why it is not valid).
-fn checked(_stored: StoredDistribution) -> Result<Distribution, NotHandled> {
-    Err(NotHandled)
+/// A stored distribution checked by the rules of docs/api.md
+/// ("Distribution"), or `NotHandled`: the Python reader then says why it is
+/// not valid.
+fn checked(stored: StoredDistribution) -> Result<Distribution, NotHandled> {
+    if let Some(scale) = stored.scale {
+        check_scale(i128::from(scale)).map_err(|_| NotHandled)?;
+    }
+    Distribution::from_parts(stored.parts).map_err(|_| NotHandled)
 }
 
 /// `"train.loss.mean"` -> `("train.loss", "mean")`; a key without a known

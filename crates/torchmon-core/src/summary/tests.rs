@@ -247,3 +247,43 @@ fn windows_others_and_ranks() {
         [Some(1.0), Some(1.0 / 3.0)]
     );
 }
+
+fn dist_line(distribution: &str) -> Vec<u8> {
+    format!(
+        "{{\"name\":\"torch.monitor.Stat\",\"timestamp\":\"{TS}\",\"data\":{{\"t.p50\":1.0}},\
+         \"distribution\":{distribution}}}\n"
+    )
+    .into_bytes()
+}
+
+#[test]
+fn stored_distributions_are_checked_and_merged() {
+    // 1.0 is the top of bucket -1; 2.0 of bucket 63.
+    let valid = r#"{"scale":6,"count":2,"sum":3.0,"min":1.0,"max":2.0,"zero_count":0,"nan_count":0,"positive_inf_count":0,"negative_inf_count":0,"positive":[[-1,1],[63,1]],"negative":[]}"#;
+    let invalid = [
+        valid.replace(r#""count":2"#, r#""count":3"#),
+        valid.replace(r#""scale":6"#, r#""scale":5"#),
+        valid.replace(r#""min":1.0"#, r#""min":1.5"#),
+        valid.replace(r#"[[-1,1],[63,1]]"#, r#"[[63,1],[-1,1]]"#),
+        valid.replace(r#","sum":3.0"#, ""),
+    ];
+    let mut log = dist_line(valid);
+    log.extend_from_slice(&dist_line(valid));
+    for d in &invalid {
+        log.extend_from_slice(&dist_line(d));
+    }
+    log.extend_from_slice(&dist_line("null"));
+    let mut summary = Summary::new(1 << 20, false);
+    let (records, calls) = feed_all(&mut summary, &[&log]);
+    assert_eq!(records, Ok(3));
+    assert_eq!(
+        calls.iter().map(|c| c.1).collect::<Vec<_>>(),
+        [3, 4, 5, 6, 7]
+    );
+    let rows = summary.quantile_rows();
+    assert_eq!(
+        (rows[0].stat, rows[0].windows, rows[0].samples),
+        ("t", 2, 4)
+    );
+    assert_eq!(rows[0].quantiles, [1.0, 2.0, 2.0, 2.0]);
+}
