@@ -15,7 +15,7 @@ import stat
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any, cast
 
-from .._core import Event
+from .._core import Event, _event_with_distribution
 
 if TYPE_CHECKING:
     from .._core import _Summary
@@ -280,16 +280,29 @@ class _Log:
 
     def feed(self, summary: _Summary, label: str) -> None:
         """Reads the whole log into ``summary`` (``torchmon summarize``), which
-        splits and reads the lines itself and hands this log's reader the
-        lines it leaves to Python (crates/torchmon-core/src/summary/line.rs)."""
-        summary.start_file(label, self._reader._line)
+        splits and reads the lines itself (crates/torchmon-core/src/summary/)."""
+        summary.start_file(label, self._relay)
         with self._errors(), self._file:
             for block in self._file.blocks():
                 if too_long := summary.feed(block):
                     raise self._file.too_long(too_long)
-            self.records = summary.finish_file()
+            self.records = summary.feed(b"")
         if not self.records:
             self._check_not_foreign()
+
+    def _relay(self, raw: bytes, lineno: int) -> bytes | None:
+        """A line ``feed``'s summary leaves to Python, read by this log's
+        reader: its event written again as the sink writes it (which the
+        summary reads as it is), or None."""
+        from ..handlers.jsonl import _encode_event
+
+        record = self._reader._line(raw, lineno)
+        if record is None:
+            return None
+        event, distribution = record
+        if distribution is not None:
+            event = _event_with_distribution(event.name, event.timestamp, event.data, distribution)
+        return _encode_event(event, distributions=True)
 
     @contextlib.contextmanager
     def _errors(self) -> Iterator[None]:

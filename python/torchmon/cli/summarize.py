@@ -27,21 +27,21 @@ def write_summary(summary: _Summary, out: TextIO, *, quantiles: bool = True) -> 
     """The tables of what ``summary`` read: per Stat and aggregation; the
     merged distributions' quantiles (unless not ``quantiles``); the other
     events; across files, per rank, and the straggler scores."""
-    if summary.has_stats():
+    if stats := summary.rows("stats", _bars_for(out)):
         rows = [["stat", "aggregation", "windows", "last", "mean", "min", "max", "trend"]]
-        for stat, agg, windows, last, mean, low, high, trend in summary.stat_rows(_bars_for(out)):
+        for stat, agg, windows, *figures, trend in stats:
             shown = _readable_bytes if _holds_bytes(stat) and agg != "count" else _number
-            cells = [shown(v) if v is not None else "nan" for v in (last, mean, low, high)]
+            cells = [shown(v) if v is not None else "nan" for v in figures]
             rows.append([stat, agg or "-", str(windows), *cells, trend])
         _write_table(rows, out, numeric_from=2, numeric_to=7)
     else:
         print("no Stat events", file=out)
-    if quantiles and (found := summary.quantile_rows()):
+    if quantiles and (found := summary.rows("quantiles", "")):
         print(file=out)
         rows = [["stat", "windows", "samples", *_QUANTILES]]
         rows += [[stat, str(n), str(samples), *map(_number, qs)] for stat, n, samples, *qs in found]
         _write_table(rows, out, numeric_from=1)
-    if others := summary.other_rows():
+    if others := summary.rows("others", ""):
         # Imported here: every command imports this module (20 ms, _common).
         from ..handlers.jsonl import _decode_line
 
@@ -52,7 +52,7 @@ def write_summary(summary: _Summary, out: TextIO, *, quantiles: bool = True) -> 
             text = " ".join(f"{k}={_value_text(v)}" for k, v in data.items())
             rows.append([name, str(count), text])
         _write_table(rows, out, numeric_from=1, numeric_to=2)
-    if ranked := summary.rank_rows():
+    if ranked := summary.rows("ranks", ""):
         print(file=out)
         rows = [["stat", "aggregation", "ranks", "total", "min", "min_rank", "max", "max_rank"]]
         for stat, agg, ranks, total, low, low_at, high, high_at in ranked:
@@ -60,7 +60,7 @@ def write_summary(summary: _Summary, out: TextIO, *, quantiles: bool = True) -> 
             rows.append([stat, agg or "-", str(ranks), total_text,
                          _number(low), low_at, _number(high), high_at])  # fmt: skip
         _write_table(rows, out, numeric_from=2)
-    if stragglers := summary.straggler_rows():
+    if stragglers := summary.rows("stragglers", ""):
         print(file=out)
         rows = [["stat", "rank", "p50", "score"]]
         for stat, rank, p50, score in stragglers:

@@ -3,24 +3,26 @@
 //!
 //! [`parse`] reads the lines that `JsonlEventHandler` writes and that
 //! `read_jsonl` reads as events. Anything else, an unreadable line and the
-//! rare readable one this reader cannot vouch for, is [`NotHandled`]: the
-//! caller hands it to the Python reader, which says what is wrong with it
-//! (its messages are the documented ones) or reads it. So `parse` only has
-//! to be right when it says yes: a line it takes must be one the Python
-//! reader takes, with the same event. That rules out, here:
+//! rare readable one this reader cannot vouch for, is [`NotHandled`] or not
+//! [`Record::sure`]: the caller hands it to the Python reader, which says
+//! what is wrong with it (its messages are the documented ones) or reads it
+//! and writes its event again as the sink does, which `parse` then reads
+//! (sure or not). So `parse` only has to be right when it is sure: a line it
+//! takes must be one the Python reader takes, with the same event. That
+//! rules out, here:
 //!
 //! - what Python's `json.loads` reads differently from serde_json or not at
 //!   all: the `NaN`/`Infinity` literals (serde_json refuses them), integers
 //!   beyond 64 bits (serde_json makes a float of them, Python an int that
-//!   `Event` refuses: any float of magnitude 2**63 or more is left to
-//!   Python), `-0` (an int 0 in Python, -0.0 for serde_json: a -0.0 is left
-//!   to Python), duplicate keys (Python keeps the last value at the first
+//!   `Event` refuses: no float of magnitude 2**63 or more is sure), `-0` (an
+//!   int 0 in Python, -0.0 for serde_json: no -0.0 is sure), duplicate keys (Python keeps the last value at the first
 //!   key's place), nesting (serde_json stops at 128 levels; no value read
 //!   here nests);
 //! - keys the Python reader ignores, whose values it still parses (a
 //!   4,301-digit integer there makes the line unreadable);
 //! - timestamps other than `YYYY-MM-DDTHH:MM:SS[.ffffff][+HH:MM]` (what
-//!   `datetime.isoformat()` writes), whose checks are `fromisoformat`'s.
+//!   `datetime.isoformat()` writes), whose checks are `fromisoformat`'s (not
+//!   sure).
 
 use std::borrow::Cow;
 use std::fmt;
@@ -51,13 +53,18 @@ pub struct Record<'a> {
     pub name: Cow<'a, str>,
     pub data: Vec<(Cow<'a, str>, Value)>,
     pub distribution: Option<StoredDistribution>,
+    /// Whether Python's reader reads the line as the same event: false when
+    /// the timestamp is not in `is_isoformat`'s subset, or a float is -0.0
+    /// or of magnitude 2**63 or more (see the module documentation).
+    pub sure: bool,
 }
 
 /// A line left to the Python reader (see the module documentation).
 #[derive(Debug, PartialEq, Eq)]
 pub struct NotHandled;
 
-/// The event of one line (its newline, if any, included).
+/// The event of one line (its newline, if any, included); see
+/// [`Record::sure`].
 pub fn parse(line: &[u8]) -> Result<Record<'_>, NotHandled> {
     let mut de = serde_json::Deserializer::from_slice(line);
     let record = de.deserialize_map(RecordVisitor).map_err(|_| NotHandled)?;
@@ -102,16 +109,13 @@ impl<'de> Visitor<'de> for RecordVisitor {
 
     fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Record<'de>, A::Error> {
         let (mut name, mut timestamp, mut fold, mut data, mut distribution) =
-            (None, false, false, None, None);
+            (None, None, false, None, None);
         while let Some(key) = map.next_key::<Text<'de>>()? {
             match &*key.0 {
                 "name" if name.is_none() => name = Some(map.next_value::<Text<'de>>()?.0),
-                "timestamp" if !timestamp => {
+                "timestamp" if timestamp.is_none() => {
                     let text = map.next_value::<Text<'de>>()?;
-                    if !is_isoformat(text.0.as_bytes()) {
-                        return Err(not_handled());
-                    }
-                    timestamp = true;
+                    timestamp = Some(is_isoformat(text.0.as_bytes()));
                 }
                 "fold" if !fold => {
                     // 0 or 1 exactly: true, 1.0 and null are Python's to refuse.
@@ -127,14 +131,24 @@ impl<'de> Visitor<'de> for RecordVisitor {
                 _ => return Err(not_handled()),
             }
         }
-        match (name, timestamp, data) {
-            (Some(name), true, Some(data)) => Ok(Record {
-                name,
-                data,
-                distribution: distribution.flatten(),
-            }),
-            _ => Err(not_handled()),
-        }
+        let (Some(name), Some(usual_timestamp), Some(data)) = (name, timestamp, data) else {
+            return Err(not_handled());
+        };
+        let distribution = distribution.flatten();
+        let numbers = data.iter().filter_map(|(_, v)| match v {
+            Value::Number(x) => Some(*x),
+            Value::Other => None,
+        });
+        let stored = distribution
+            .iter()
+            .flat_map(|d| [d.parts.sum, d.parts.min, d.parts.max]);
+        let sure = usual_timestamp && numbers.chain(stored).all(plain_float);
+        Ok(Record {
+            name,
+            data,
+            distribution,
+            sure,
+        })
     }
 }
 
@@ -172,13 +186,13 @@ impl<'de> Visitor<'de> for DataSeed {
 /// `{"$float": "nan" | "inf" | "-inf"}`.
 struct DataValue(Value);
 
-/// A float that Python reads as the same float: not -0.0 (`-0` is an int
-/// 0 there) and below 2**63 in magnitude (a longer integer is an int there).
-fn plain_float<E: de::Error>(v: f64) -> Result<f64, E> {
-    if (v == 0.0 && v.is_sign_negative()) || v.abs() >= 9_223_372_036_854_775_808.0 {
-        return Err(not_handled());
-    }
-    Ok(v)
+/// Whether Python reads `v`'s text as the same float: not -0.0 (`-0` is an
+/// int 0 there) and, if finite, below 2**63 in magnitude (a longer integer
+/// is an int there).
+fn plain_float(v: f64) -> bool {
+    let negative_zero = v == 0.0 && v.is_sign_negative();
+    let long_int = v.is_finite() && v.abs() >= 9_223_372_036_854_775_808.0;
+    !(negative_zero || long_int)
 }
 
 fn tagged_float<'de, A: MapAccess<'de>>(mut map: A) -> Result<f64, A::Error> {
@@ -219,7 +233,7 @@ impl<'de> de::Deserialize<'de> for DataValue {
                 }
             }
             fn visit_f64<E: de::Error>(self, v: f64) -> Result<DataValue, E> {
-                Ok(DataValue(Value::Number(plain_float(v)?)))
+                Ok(DataValue(Value::Number(v)))
             }
             fn visit_str<E: de::Error>(self, _: &str) -> Result<DataValue, E> {
                 Ok(DataValue(Value::Other))
@@ -278,7 +292,7 @@ impl<'de> de::Deserialize<'de> for StoredFloat {
                 }
             }
             fn visit_f64<E: de::Error>(self, v: f64) -> Result<StoredFloat, E> {
-                Ok(StoredFloat(plain_float(v)?))
+                Ok(StoredFloat(v))
             }
             fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<StoredFloat, A::Error> {
                 Ok(StoredFloat(tagged_float(map)?))

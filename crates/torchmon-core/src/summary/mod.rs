@@ -9,6 +9,7 @@
 pub mod line;
 pub mod series;
 
+use std::borrow::Cow;
 use std::collections::HashMap;
 
 use crate::aggregation::TABLE;
@@ -17,13 +18,12 @@ use crate::stat::STAT_EVENT;
 use line::{NotHandled, StoredDistribution, Value};
 use series::Series;
 
-/// An event the Python reader read for a line [`line::parse`] left to it.
-#[derive(Clone, Debug, Default)]
-pub struct Decoded {
-    pub name: String,
-    pub data: Vec<(String, Value)>,
-    pub distribution: Option<Distribution>,
-}
+/// The fallback: for a line `line::parse` leaves to Python and its number,
+/// the event Python's reader reads there written again as a JSON line (by
+/// the sink's encoder, read here as sure), or `None` for an unreadable line
+/// (that it counted, or refused with an error).
+pub trait Fallback<E>: FnMut(&[u8], u64) -> Result<Option<Vec<u8>>, E> {}
+impl<E, F: FnMut(&[u8], u64) -> Result<Option<Vec<u8>>, E>> Fallback<E> for F {}
 
 /// Why [`Summary::feed`] stopped.
 #[derive(Debug, PartialEq)]
@@ -42,6 +42,17 @@ fn checked(stored: StoredDistribution) -> Result<Distribution, NotHandled> {
         check_scale(i128::from(scale)).map_err(|_| NotHandled)?;
     }
     Distribution::from_parts(stored.parts).map_err(|_| NotHandled)
+}
+
+/// A line's event and its checked distribution; `sure`: whether to take a
+/// line that Python may read otherwise (`Record::sure`).
+fn read(raw: &[u8], sure: bool) -> Option<(line::Record<'_>, Option<Distribution>)> {
+    let mut record = line::parse(raw).ok().filter(|r| sure || r.sure)?;
+    let distribution = match record.distribution.take() {
+        None => None,
+        Some(stored) => Some(checked(stored).ok()?),
+    };
+    Some((record, distribution))
 }
 
 /// `"train.loss.mean"` -> `("train.loss", "mean")`; a key without a known
@@ -120,53 +131,30 @@ struct Ranks {
     medians: HashMap<String, Vec<(usize, Median)>>,
 }
 
-/// A row of the per-stat table.
-#[derive(Debug, PartialEq)]
-pub struct StatRow<'a> {
-    pub stat: &'a str,
-    pub aggregation: &'a str,
-    pub windows: u64,
-    pub last: f64,
-    pub mean: f64,
-    /// `None` when every window was NaN.
-    pub min: Option<f64>,
-    pub max: Option<f64>,
-    pub trend: String,
+/// A cell of [`Summary::table`]'s rows, as the binding hands it on.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Cell<'a> {
+    Text(Cow<'a, str>),
+    Int(u64),
+    Float(f64),
+    Bytes(&'a [u8]),
+    /// No figure: min/max when every window was NaN, a total that does not
+    /// add up, a score without a usable p50.
+    Nothing,
 }
 
-/// A row of the quantile table.
-#[derive(Debug, PartialEq)]
-pub struct QuantileRow<'a> {
-    pub stat: &'a str,
-    pub windows: u64,
-    pub samples: u64,
-    /// p50, p90, p99, p999.
-    pub quantiles: [f64; 4],
+use Cell::{Bytes, Float, Int, Nothing};
+
+#[allow(non_snake_case)]
+fn Text(text: &str) -> Cell<'_> {
+    Cell::Text(Cow::Borrowed(text))
 }
 
-/// A row of the per-rank table.
-#[derive(Debug, PartialEq)]
-pub struct RankTableRow<'a> {
-    pub stat: &'a str,
-    pub aggregation: &'a str,
-    pub files: u64,
-    /// The total, for the aggregations that add up (count, sum).
-    pub total: Option<f64>,
-    pub min: f64,
-    pub min_at: &'a str,
-    pub max: f64,
-    pub max_at: &'a str,
+fn maybe(value: Option<f64>) -> Cell<'static> {
+    value.map_or(Nothing, Float)
 }
 
-/// A row of the straggler table.
-#[derive(Debug, PartialEq)]
-pub struct StragglerRow<'a> {
-    pub stat: &'a str,
-    pub rank: &'a str,
-    pub p50: f64,
-    /// The fastest rank's p50 over this one's (docs/cli.md).
-    pub score: Option<f64>,
-}
+type Rows<'a> = Vec<Vec<Cell<'a>>>;
 
 /// Everything `torchmon summarize` prints, fed file by file.
 #[derive(Debug, Default)]
@@ -209,14 +197,11 @@ impl Summary {
         }
     }
 
-    /// The file's next bytes. A line the reader leaves to Python goes to
-    /// `fallback(line, lineno, unfinished)`, which returns its event or
-    /// `None` for an unreadable line (that it counted, or refused with an
-    /// error).
+    /// The file's next bytes (lines left to Python go to `fallback`).
     pub fn feed<E>(
         &mut self,
         mut block: &[u8],
-        fallback: &mut impl FnMut(&[u8], u64, bool) -> Result<Option<Decoded>, E>,
+        fallback: &mut impl Fallback<E>,
     ) -> Result<(), FeedError<E>> {
         if !self.pending.is_empty() {
             let Some(end) = memchr::memchr(b'\n', block) else {
@@ -226,13 +211,13 @@ impl Summary {
             self.pending.extend_from_slice(&block[..=end]);
             block = &block[end + 1..];
             let line = std::mem::take(&mut self.pending);
-            let result = self.line(&line, false, fallback);
+            let result = self.line(&line, fallback);
             self.pending = line;
             self.pending.clear();
             result?;
         }
         while let Some(end) = memchr::memchr(b'\n', block) {
-            self.line(&block[..=end], false, fallback)?;
+            self.line(&block[..=end], fallback)?;
             block = &block[end + 1..];
         }
         self.pending.extend_from_slice(block);
@@ -249,23 +234,15 @@ impl Summary {
     /// Ends the file: a last line without its newline counts when it is a
     /// whole event (a writer may still be writing it, docs/sinks.md,
     /// "Reading"). Returns how many events the file held.
-    pub fn finish_file<E>(
-        &mut self,
-        fallback: &mut impl FnMut(&[u8], u64, bool) -> Result<Option<Decoded>, E>,
-    ) -> Result<u64, FeedError<E>> {
+    pub fn finish_file<E>(&mut self, fallback: &mut impl Fallback<E>) -> Result<u64, FeedError<E>> {
         if !self.pending.is_empty() {
             let line = std::mem::take(&mut self.pending);
-            self.line(&line, true, fallback)?;
+            self.line(&line, fallback)?;
         }
         Ok(self.records)
     }
 
-    fn line<E>(
-        &mut self,
-        raw: &[u8],
-        unfinished: bool,
-        fallback: &mut impl FnMut(&[u8], u64, bool) -> Result<Option<Decoded>, E>,
-    ) -> Result<(), FeedError<E>> {
+    fn line<E>(&mut self, raw: &[u8], fallback: &mut impl Fallback<E>) -> Result<(), FeedError<E>> {
         self.lineno += 1;
         if raw.len() > self.limit {
             return Err(FeedError::LineTooLong(self.lineno));
@@ -276,22 +253,22 @@ impl Summary {
         {
             return Ok(());
         }
-        if let Ok(record) = line::parse(raw) {
-            let distribution = match record.distribution {
-                None => Some(None),
-                Some(stored) => checked(stored).ok().map(Some),
-            };
-            if let Some(distribution) = distribution {
-                self.add(&record.name, &record.data, distribution, raw);
-                return Ok(());
+        if let Some((record, distribution)) = read(raw, false) {
+            self.add(&record.name, &record.data, distribution, raw);
+            return Ok(());
+        }
+        match fallback(raw, self.lineno) {
+            // Python's event always reads (a count beyond u64 aside, which
+            // no Stat makes).
+            Ok(Some(line)) => {
+                if let Some((record, distribution)) = read(&line, true) {
+                    self.add(&record.name, &record.data, distribution, raw);
+                }
+                Ok(())
             }
+            Ok(None) => Ok(()),
+            Err(e) => Err(FeedError::Fallback(e)),
         }
-        match fallback(raw, self.lineno, unfinished) {
-            Ok(Some(event)) => self.add(&event.name, &event.data, event.distribution, raw),
-            Ok(None) => {}
-            Err(e) => return Err(FeedError::Fallback(e)),
-        }
-        Ok(())
     }
 
     /// Folds one event in (`line`: its line, kept for the other events'
@@ -372,132 +349,62 @@ impl Summary {
         }
     }
 
-    /// Whether any Stat event had a number.
-    pub fn has_stats(&self) -> bool {
-        !self.stats.is_empty()
+    /// The rows of one table by name (`None` for another name), each
+    /// sorted by stat: `stats` (stat, aggregation, windows, last, mean, min,
+    /// max, trend drawn with `bars`, low to high; aggregations in first-seen
+    /// order), `quantiles` (stat, windows, samples, p50, p90, p99, p999, of
+    /// every sample of every window), `others` (event, count, last line),
+    /// `ranks` (stat, aggregation, files, total, min, min_rank, max,
+    /// max_rank) and `stragglers` (stat, rank, p50, score).
+    pub fn table(&self, name: &str, bars: &[char]) -> Option<Rows<'_>> {
+        Some(match name {
+            "stats" => self.stat_rows(bars),
+            "quantiles" => {
+                let mut rows: Vec<(&String, Vec<Cell<'_>>)> = (self.distributions.iter())
+                    .map(|(stat, (merged, windows))| {
+                        let mut row = vec![Text(stat), Int(*windows), Int(merged.count)];
+                        row.extend(
+                            [500, 900, 990, 999].map(|k| Float(merged.quantile_thousandths(k))),
+                        );
+                        (stat, row)
+                    })
+                    .collect();
+                rows.sort_by(|a, b| a.0.cmp(b.0));
+                rows.into_iter().map(|(_, row)| row).collect()
+            }
+            "others" => {
+                let mut rows: Vec<_> = self.others.iter().collect();
+                rows.sort_by(|a, b| a.0.cmp(b.0));
+                (rows.into_iter())
+                    .map(|(name, o)| vec![Text(name), Int(o.count), Bytes(&o.last_line)])
+                    .collect()
+            }
+            "ranks" => self.ranks.as_ref().map_or_else(Vec::new, Ranks::rank_rows),
+            "stragglers" => self
+                .ranks
+                .as_ref()
+                .map_or_else(Vec::new, Ranks::straggler_rows),
+            _ => return None,
+        })
     }
 
-    /// Per stat (sorted) and aggregation (first seen first): the table's
-    /// figures, the trend drawn with `bars` (low to high).
-    pub fn stat_rows(&self, bars: &[char]) -> Vec<StatRow<'_>> {
+    fn stat_rows(&self, bars: &[char]) -> Rows<'_> {
         let mut stats: Vec<&StatEntry> = self.stats.iter().collect();
         stats.sort_by(|a, b| a.name.cmp(&b.name));
         let mut rows = Vec::new();
         for entry in stats {
             for (agg, series) in &entry.series {
                 let known = series.n > 0;
-                rows.push(StatRow {
-                    stat: &entry.name,
-                    aggregation: agg,
-                    windows: entry.windows,
-                    last: series.last,
-                    mean: series.mean(),
-                    min: known.then_some(series.low),
-                    max: known.then_some(series.high),
-                    trend: series.trend.draw(bars),
-                });
-            }
-        }
-        rows
-    }
-
-    /// Per stat (sorted) with stored distributions: the quantiles of every
-    /// sample of every window.
-    pub fn quantile_rows(&self) -> Vec<QuantileRow<'_>> {
-        let mut rows: Vec<QuantileRow<'_>> = self
-            .distributions
-            .iter()
-            .map(|(stat, (merged, windows))| QuantileRow {
-                stat,
-                windows: *windows,
-                samples: merged.count,
-                quantiles: [500, 900, 990, 999].map(|k| merged.quantile_thousandths(k)),
-            })
-            .collect();
-        rows.sort_by(|a, b| a.stat.cmp(b.stat));
-        rows
-    }
-
-    /// Per other event name (sorted): its count and its last line.
-    pub fn other_rows(&self) -> Vec<(&str, u64, &[u8])> {
-        let mut rows: Vec<(&str, u64, &[u8])> = self
-            .others
-            .iter()
-            .map(|(name, o)| (name.as_str(), o.count, o.last_line.as_slice()))
-            .collect();
-        rows.sort_by(|a, b| a.0.cmp(b.0));
-        rows
-    }
-
-    /// Across files, per stat (sorted, aggregations in first-seen order).
-    pub fn rank_rows(&self) -> Vec<RankTableRow<'_>> {
-        let Some(ranks) = &self.ranks else {
-            return Vec::new();
-        };
-        let label = |i: usize| {
-            if i == usize::MAX {
-                "-"
-            } else {
-                ranks.labels[i].as_str()
-            }
-        };
-        let mut rows: Vec<&RankRow> = ranks.rows.iter().collect();
-        rows.sort_by(|a, b| a.stat.cmp(&b.stat));
-        rows.into_iter()
-            .map(|r| RankTableRow {
-                stat: &r.stat,
-                aggregation: &r.agg,
-                files: r.files,
-                total: matches!(r.agg.as_str(), "count" | "sum").then_some(r.total),
-                min: r.low,
-                min_at: label(r.low_at),
-                max: r.high,
-                max_at: label(r.high_at),
-            })
-            .collect()
-    }
-
-    /// Per Stat with a median (sorted) and rank: the rank's p50 (of all its
-    /// samples when their distributions were stored, else the mean of its
-    /// windows' p50) and its straggler score, the fastest rank's p50 over
-    /// that p50 (docs/cli.md); Stats seen on one rank only, or without a
-    /// finite p50, are left out.
-    pub fn straggler_rows(&self) -> Vec<StragglerRow<'_>> {
-        let Some(ranks) = &self.ranks else {
-            return Vec::new();
-        };
-        let mut stats: Vec<&String> = ranks.medians.keys().collect();
-        stats.sort();
-        let mut rows = Vec::new();
-        for stat in stats {
-            let p50s: Vec<(&str, f64)> = ranks.medians[stat]
-                .iter()
-                .map(|(label, m)| {
-                    let p50 = match &m.merged {
-                        Some(d) => d.quantile_thousandths(500),
-                        None => m.windows.mean(),
-                    };
-                    (ranks.labels[*label].as_str(), p50)
-                })
-                .collect();
-            let fastest = p50s
-                .iter()
-                .map(|&(_, p)| p)
-                .filter(|p| p.is_finite())
-                .fold(None, |low: Option<f64>, p| {
-                    Some(low.map_or(p, |l| if p < l { p } else { l }))
-                });
-            let Some(fastest) = fastest.filter(|_| p50s.len() >= 2) else {
-                continue;
-            };
-            for (rank, p50) in p50s {
-                let usable = p50.is_finite() && fastest > 0.0;
-                rows.push(StragglerRow {
-                    stat,
-                    rank,
-                    p50,
-                    score: usable.then(|| fastest / p50),
-                });
+                rows.push(vec![
+                    Text(&entry.name),
+                    Text(agg),
+                    Int(entry.windows),
+                    Float(series.last),
+                    Float(series.mean()),
+                    maybe(known.then_some(series.low)),
+                    maybe(known.then_some(series.high)),
+                    Cell::Text(Cow::Owned(series.trend.draw(bars))),
+                ]);
             }
         }
         rows
@@ -505,6 +412,68 @@ impl Summary {
 }
 
 impl Ranks {
+    fn rank_rows(&self) -> Rows<'_> {
+        let label = |i: usize| {
+            Text(if i == usize::MAX {
+                "-"
+            } else {
+                &self.labels[i]
+            })
+        };
+        let mut rows: Vec<&RankRow> = self.rows.iter().collect();
+        rows.sort_by(|a, b| a.stat.cmp(&b.stat));
+        (rows.into_iter())
+            .map(|r| {
+                let adds_up = matches!(r.agg.as_str(), "count" | "sum");
+                vec![
+                    Text(&r.stat),
+                    Text(&r.agg),
+                    Int(r.files),
+                    maybe(adds_up.then_some(r.total)),
+                    Float(r.low),
+                    label(r.low_at),
+                    Float(r.high),
+                    label(r.high_at),
+                ]
+            })
+            .collect()
+    }
+
+    /// Per Stat with a median and rank: the rank's p50 (of all its samples
+    /// when their distributions were stored, else the mean of its windows'
+    /// p50) and its straggler score, the fastest rank's p50 over that p50
+    /// (docs/cli.md); Stats seen on one rank only, or without a finite p50,
+    /// are left out.
+    fn straggler_rows(&self) -> Rows<'_> {
+        let mut stats: Vec<&String> = self.medians.keys().collect();
+        stats.sort();
+        let mut rows = Vec::new();
+        for stat in stats {
+            let p50s: Vec<(usize, f64)> = (self.medians[stat].iter())
+                .map(|(label, m)| match &m.merged {
+                    Some(d) => (*label, d.quantile_thousandths(500)),
+                    None => (*label, m.windows.mean()),
+                })
+                .collect();
+            let finite = p50s.iter().map(|&(_, p)| p).filter(|p| p.is_finite());
+            let fastest = finite.reduce(|low, p| if p < low { p } else { low });
+            let Some(fastest) = fastest.filter(|_| p50s.len() >= 2) else {
+                continue;
+            };
+            for (label, p50) in p50s {
+                let usable = p50.is_finite() && fastest > 0.0;
+                let score = maybe(usable.then(|| fastest / p50));
+                rows.push(vec![
+                    Text(stat),
+                    Text(&self.labels[label]),
+                    Float(p50),
+                    score,
+                ]);
+            }
+        }
+        rows
+    }
+
     fn median(&mut self, stat: &str, label: usize) -> &mut Median {
         if !self.medians.contains_key(stat) {
             self.medians.insert(stat.to_owned(), Vec::new());

@@ -1,4 +1,4 @@
-use super::line::{NotHandled, Value, is_isoformat, parse};
+use super::line::{Value, is_isoformat, parse};
 use super::series::{Series, fsum};
 use super::*;
 
@@ -49,7 +49,7 @@ fn what_python_reads_otherwise_is_left_to_it() {
         r#"{"a":"\ud800"}"#,
         r#"[]"#,
     ] {
-        assert_eq!(parse(&line(data)), Err(NotHandled), "{data}");
+        assert!(!parse(&line(data)).is_ok_and(|r| r.sure), "{data}");
     }
     for raw in [
         r#"{"name":"x","timestamp":"2025-01-02T03:04:05","data":{},"extra":1}"#,
@@ -61,13 +61,19 @@ fn what_python_reads_otherwise_is_left_to_it() {
         r#"{"name":1,"timestamp":"2025-01-02T03:04:05","data":{}}"#,
         r#"{"name":"x","timestamp":"2025-01-02T03:04:05","data":{}} x"#,
     ] {
-        assert_eq!(parse(raw.as_bytes()), Err(NotHandled), "{raw}");
+        assert!(!parse(raw.as_bytes()).is_ok_and(|r| r.sure), "{raw}");
     }
-    // i64's own range is read.
-    let raw = line(r#"{"a":-9223372036854775808,"b":9223372036854775807}"#);
+    // Ints whose float is below 2**63 are read for sure.
+    let raw = line(r#"{"a":-9223372036854774784,"b":9223372036854774784}"#);
     let record = parse(&raw).unwrap();
-    assert_eq!(record.data[0].1, Value::Number(-9.223372036854776e18));
-    assert_eq!(record.data[1].1, Value::Number(9.223372036854776e18));
+    assert!(record.sure);
+    assert_eq!(record.data[0].1, Value::Number(-9223372036854774784.0));
+    assert_eq!(record.data[1].1, Value::Number(9223372036854774784.0));
+    // What the sink writes, read without a doubt once Python read it.
+    let raw = line(r#"{"a":-0.0,"b":1e+19}"#).to_vec();
+    let record = parse(&raw).unwrap();
+    assert!(!record.sure);
+    assert_eq!(record.data[1].1, Value::Number(1e19));
 }
 
 #[test]
@@ -163,9 +169,17 @@ fn every_aggregation_suffix_is_split_off() {
 
 type Calls = Vec<(Vec<u8>, u64)>;
 
+fn table<'a>(summary: &'a Summary, name: &str) -> Vec<Vec<Cell<'a>>> {
+    summary.table(name, &['x']).unwrap()
+}
+
+fn text(s: &str) -> Cell<'_> {
+    Cell::Text(s.into())
+}
+
 fn feed_all(summary: &mut Summary, blocks: &[&[u8]]) -> (Result<u64, FeedError<()>>, Calls) {
     let mut calls = Vec::new();
-    let mut fallback = |line: &[u8], lineno: u64, _: bool| -> Result<Option<Decoded>, ()> {
+    let mut fallback = |line: &[u8], lineno: u64| -> Result<Option<Vec<u8>>, ()> {
         calls.push((line.to_vec(), lineno));
         Ok(None)
     };
@@ -192,11 +206,8 @@ fn lines_split_across_blocks_blank_bad_and_unfinished() {
     let (records, calls) = feed_all(&mut summary, &blocks);
     assert_eq!(records, Ok(3));
     assert_eq!(calls, [(b"{bad}\n".to_vec(), 3)]);
-    let rows = summary.stat_rows(&['x']);
-    assert_eq!(
-        (rows[0].stat, rows[0].aggregation, rows[0].windows),
-        ("a", "mean", 3)
-    );
+    let rows = table(&summary, "stats");
+    assert_eq!(rows[0][..3], [text("a"), text("mean"), Cell::Int(3)]);
     // An unfinished line that is no event goes to the fallback as such.
     let mut summary = Summary::new(1 << 20, false);
     let (records, calls) = feed_all(&mut summary, &[&good, b"{\"na"]);
@@ -226,26 +237,35 @@ fn windows_others_and_ranks() {
     for (label, value) in [("0", "1.0"), ("1", "3.0")] {
         let mut log = line(&format!(r#"{{"s.p50":{value},"s.count":2}}"#));
         log.extend_from_slice(other);
-        let mut fallback = |_: &[u8], _: u64, _: bool| -> Result<Option<Decoded>, ()> { Ok(None) };
+        let mut fallback = |_: &[u8], _: u64| -> Result<Option<Vec<u8>>, ()> { Ok(None) };
         summary.start_file(label);
         summary.feed(&log, &mut fallback).unwrap();
         assert_eq!(summary.finish_file(&mut fallback), Ok(2));
     }
-    let rows = summary.stat_rows(&['x']);
+    let rows = table(&summary, "stats");
     assert_eq!(rows.len(), 2);
-    assert_eq!((rows[0].windows, rows[0].mean), (2, 2.0));
-    assert_eq!(summary.other_rows(), [("epoch", 2, &other[..])]);
-    let ranks = summary.rank_rows();
-    assert_eq!((ranks[1].aggregation, ranks[1].total), ("count", Some(4.0)));
     assert_eq!(
-        (ranks[0].min_at, ranks[0].max_at, ranks[0].files),
-        ("0", "1", 2)
+        rows[0][2..5],
+        [Cell::Int(2), Cell::Float(3.0), Cell::Float(2.0)]
     );
-    let stragglers = summary.straggler_rows();
+    let others = table(&summary, "others");
     assert_eq!(
-        stragglers.iter().map(|r| r.score).collect::<Vec<_>>(),
-        [Some(1.0), Some(1.0 / 3.0)]
+        others,
+        [vec![text("epoch"), Cell::Int(2), Cell::Bytes(other)]]
     );
+    let ranks = table(&summary, "ranks");
+    assert_eq!(
+        ranks[1][1..4],
+        [text("count"), Cell::Int(2), Cell::Float(4.0)]
+    );
+    assert_eq!(ranks[0][3], Cell::Nothing); // p50s do not add up
+    assert_eq!((&ranks[0][5], &ranks[0][7]), (&text("0"), &text("1")));
+    let scores: Vec<Cell<'_>> = table(&summary, "stragglers")
+        .into_iter()
+        .map(|r| r[3].clone())
+        .collect();
+    assert_eq!(scores, [Cell::Float(1.0), Cell::Float(1.0 / 3.0)]);
+    assert_eq!(summary.table("nothing", &[]), None);
 }
 
 fn dist_line(distribution: &str) -> Vec<u8> {
@@ -280,10 +300,9 @@ fn stored_distributions_are_checked_and_merged() {
         calls.iter().map(|c| c.1).collect::<Vec<_>>(),
         [3, 4, 5, 6, 7]
     );
-    let rows = summary.quantile_rows();
-    assert_eq!(
-        (rows[0].stat, rows[0].windows, rows[0].samples),
-        ("t", 2, 4)
-    );
-    assert_eq!(rows[0].quantiles, [1.0, 2.0, 2.0, 2.0]);
+    let rows = table(&summary, "quantiles");
+    let expected = [text("t"), Cell::Int(2), Cell::Int(4)]
+        .into_iter()
+        .chain([1.0, 2.0, 2.0, 2.0].map(Cell::Float));
+    assert_eq!(rows, [expected.collect::<Vec<_>>()]);
 }
