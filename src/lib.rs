@@ -9,6 +9,7 @@ mod py_async;
 mod py_clock;
 mod py_compiled;
 mod py_convert;
+mod py_distribution;
 mod py_entry_points;
 mod py_event;
 mod py_gil_cell;
@@ -41,8 +42,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     };
     use crate::py_clock::{_clock_ms, _set_clock_ms, _window_ms};
     use crate::py_lifecycle::{
-        _flush_all_stats, _flush_stats_now, _live_stat_count, _prepare_fork,
-        _reset_stats_after_fork,
+        _flush_all_stats, _flush_stats_now, _live_stat_count, _reset_stats_after_fork,
     };
     use crate::py_registry::{
         _close_exit_gate, _exit_gate_state, _handler_count, EventHandlerHandle,
@@ -51,6 +51,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     use crate::py_stat::{_install_tensor_support, _stat_add_by_id, _stat_window_now, Stat};
     crate::py_aggregation::add_to_module(m)?;
     m.add_class::<AsyncEventHandler>()?;
+    m.add_class::<crate::py_distribution::PyDistribution>()?;
     m.add_class::<crate::py_event::DataValueT>()?;
     m.add_class::<crate::py_event::Event>()?;
     m.add_function(wrap_pyfunction!(
@@ -75,11 +76,6 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(_flush_all_stats, m)?)?;
     m.add_function(wrap_pyfunction!(_live_stat_count, m)?)?;
     m.add_function(wrap_pyfunction!(_flush_stats_now, m)?)?;
-    m.add_function(wrap_pyfunction!(_prepare_fork, m)?)?;
-    m.add_function(wrap_pyfunction!(
-        crate::py_objects::_install_distribution_loader,
-        m
-    )?)?;
     m.add_function(wrap_pyfunction!(_reset_stats_after_fork, m)?)?;
     m.add_function(wrap_pyfunction!(_install_tensor_support, m)?)?;
     m.add_function(wrap_pyfunction!(_stat_add_by_id, m)?)?;

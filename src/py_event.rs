@@ -312,9 +312,7 @@ pub fn _event_with_distribution(
     data: &Bound<'_, PyAny>,
     distribution: &Bound<'_, PyAny>,
 ) -> PyResult<Event> {
-    let py = distribution.py();
-    let class = crate::py_objects::distribution_class(py)?;
-    if !distribution.is_instance(class)? {
+    if !distribution.is_instance_of::<crate::py_distribution::PyDistribution>() {
         return Err(crate::py_convert::arg_type_error(
             "_event_with_distribution",
             "distribution",

@@ -88,15 +88,6 @@ pub fn _flush_all_stats(py: Python<'_>) {
     wait_counters::finish_exit(py, delivery);
 }
 
-/// Before a fork, on the forking thread: completes what a window dispatch
-/// would otherwise import or fill lazily on another thread, which a fork in
-/// the middle would leave half done in the child (docs/reliability.md,
-/// "fork": the audit of lazily initialised state).
-#[pyfunction]
-pub fn _prepare_fork(py: Python<'_>) -> PyResult<()> {
-    crate::py_objects::distribution_class(py).map(drop)
-}
-
 /// In a forked child: empties the open window of every live core Stat
 /// (Python's, WaitCounters', torch's wait counters' and any made in Rust),
 /// which holds the parent's samples, so that the child emits only what it

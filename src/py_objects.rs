@@ -1,8 +1,7 @@
 //! Every Python object the binding calls or checks against, in one table.
 //! None is imported by a name of torchmon's package: what the package
-//! provides, it installs through a setter (`_install_distribution_loader`
-//! here; the tensor support and the compiled-graph store in `py_stat.rs`
-//! and `py_compiled.rs`).
+//! provides, it installs through a setter (the tensor support and the
+//! compiled-graph store in `py_stat.rs` and `py_compiled.rs`).
 //!
 //! Fork safety (docs/reliability.md, "fork", the audit): PyO3's
 //! `get_or_init` (and `intern!`, `Interned`, `import`) detaches from the GIL
@@ -16,8 +15,8 @@
 //! | --- | --- | --- |
 //! | `datetime.datetime.now` | a window event's timestamp | at import |
 //! | `datetime.timedelta` | `Stat`'s window size, its repr | at import |
-//! | `collections.abc.Mapping` | an Event's data | at import |
-//! | `torchmon.Distribution` | a window's distribution, unpickling an Event | first use, by the package's loader |
+//! | `collections.abc.Mapping` | an Event's data, `Distribution.from_dict` | at import |
+//! | `collections.abc.Iterable` | a Distribution's buckets | at import |
 //! | `numpy.complexfloating` | refusing numpy complex samples | first non-float sample once numpy is imported (never imports it) |
 //! | the attribute names (`py_convert`'s and below) | samples, data values, tensors, distributions | at import |
 
@@ -51,43 +50,14 @@ pub fn mapping_abc(py: Python<'_>) -> PyResult<&Bound<'_, PyType>> {
     MAPPING.import(py, "collections.abc", "Mapping")
 }
 
-/// A callable of the package's that imports and returns `torchmon.Distribution`
-/// (its module is imported on first use: `import torchmon` does not load it).
-static DISTRIBUTION_LOADER: PyOnceLock<Py<PyAny>> = PyOnceLock::new();
-
-/// Called once by the package at import; later calls change nothing.
-#[pyfunction]
-pub fn _install_distribution_loader(py: Python<'_>, loader: Py<PyAny>) {
-    let _ = DISTRIBUTION_LOADER.set(py, loader);
-}
-
-/// The `torchmon.Distribution` class. Loaded outside the cell (the import
-/// releases the GIL), then set; `_prepare_fork` loads it before every fork.
-pub fn distribution_class(py: Python<'_>) -> PyResult<&Bound<'_, PyType>> {
-    static DISTRIBUTION: PyOnceLock<Py<PyType>> = PyOnceLock::new();
-    if let Some(class) = DISTRIBUTION.get(py) {
-        return Ok(class.bind(py));
-    }
-    let loader = DISTRIBUTION_LOADER.get(py).ok_or_else(|| {
-        pyo3::exceptions::PyRuntimeError::new_err(
-            "torchmon: the Distribution loader is not installed",
-        )
-    })?;
-    let class = loader.bind(py).call0()?.cast_into::<PyType>()?.unbind();
-    // Another thread may have set it meanwhile: either value is the class.
-    let _ = DISTRIBUTION.set(py, class);
-    match DISTRIBUTION.get(py) {
-        Some(class) => Ok(class.bind(py)),
-        None => Err(pyo3::exceptions::PyRuntimeError::new_err(
-            "torchmon: Distribution unset",
-        )),
-    }
+/// `collections.abc.Iterable`.
+pub fn iterable_abc(py: Python<'_>) -> PyResult<&Bound<'_, PyType>> {
+    static ITERABLE: PyOnceLock<Py<PyType>> = PyOnceLock::new();
+    ITERABLE.import(py, "collections.abc", "Iterable")
 }
 
 static NUMPY: Interned = Interned::new("numpy");
 static COMPLEXFLOATING_NAME: Interned = Interned::new("complexfloating");
-/// `Distribution._from_core`, what a window's distribution is made with.
-pub static FROM_CORE: Interned = Interned::new("_from_core");
 /// A tensor's `is_cpu` and `tolist` (compiled graphs' staged tensors).
 pub static IS_CPU: Interned = Interned::new("is_cpu");
 pub static TOLIST: Interned = Interned::new("tolist");
@@ -139,7 +109,6 @@ pub fn init(py: Python<'_>) -> PyResult<()> {
         &ITEMS,
         &NUMPY,
         &COMPLEXFLOATING_NAME,
-        &FROM_CORE,
         &IS_CPU,
         &TOLIST,
     ] {
@@ -148,5 +117,6 @@ pub fn init(py: Python<'_>) -> PyResult<()> {
     datetime_now(py)?;
     timedelta_type(py)?;
     mapping_abc(py)?;
+    iterable_abc(py)?;
     Ok(())
 }

@@ -40,10 +40,12 @@ impl _Summary {
         let Some(fallback) = &self.fallback else {
             return Err(PyValueError::new_err("_Summary.feed: start_file() first"));
         };
-        let mut call = |line: &[u8], lineno: u64| {
-            fallback
-                .call1(py, (PyBytes::new(py, line), lineno))?
-                .extract::<Option<Vec<u8>>>(py)
+        let mut call = |line: &[u8], lineno: u64| -> PyResult<_> {
+            let line = fallback.bind(py).call1((PyBytes::new(py, line), lineno))?;
+            Ok(match line.is_none() {
+                true => None,
+                false => Some(line.cast::<PyBytes>()?.as_bytes().to_vec()),
+            })
         };
         let result = match block {
             [] => self.summary.finish_file(&mut call),
@@ -52,6 +54,9 @@ impl _Summary {
         match result {
             Ok(n) | Err(FeedError::LineTooLong(n)) => Ok(n),
             Err(FeedError::Fallback(err)) => Err(err),
+            Err(FeedError::CountsOverflow(n)) => Err(PyValueError::new_err(format!(
+                "line {n}: a distribution's counts pass 2**64 with the earlier windows'"
+            ))),
         }
     }
 

@@ -4,12 +4,12 @@
 
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
-use pyo3::types::{PyDict, PyFloat, PyString, PyTuple};
+use pyo3::types::{PyDict, PyString};
 
+use crate::py_distribution::PyDistribution;
 use crate::py_event::Event;
 use crate::py_objects::datetime_now;
 use crate::py_registry::{Handlers, dispatch};
-use torchmon_core::histogram::Distribution;
 use torchmon_core::stat::WindowStats;
 
 pub use torchmon_core::stat::STAT_EVENT;
@@ -30,7 +30,7 @@ pub(crate) fn dispatch_window_event(
     window: &WindowStats,
 ) -> PyResult<()> {
     let distribution = match &window.distribution {
-        Some(d) => Some(distribution_object(py, d)?),
+        Some(d) => Some(Py::new(py, PyDistribution::from_core(d.clone()))?),
         None => None,
     };
     let timestamp = datetime_now(py)?.unbind();
@@ -44,36 +44,10 @@ pub(crate) fn dispatch_window_event(
             name.clone_ref(py),
             timestamp.clone_ref(py),
             data.clone_ref(py),
-            distribution.as_ref().map(|d| d.clone_ref(py)),
+            distribution.as_ref().map(|d| d.clone_ref(py).into_any()),
         );
         Ok(Bound::new(py, event)?.into_any())
     })
-}
-
-/// The `torchmon.Distribution` of a window.
-fn distribution_object(py: Python<'_>, d: &Distribution) -> PyResult<Py<PyAny>> {
-    let class = crate::py_objects::distribution_class(py)?;
-    let b = &d.buckets;
-    let positive = PyTuple::new(py, &b.positive)?;
-    let negative = PyTuple::new(py, &b.negative)?;
-    let args = PyTuple::new(
-        py,
-        [
-            d.count.into_pyobject(py)?.into_any(),
-            PyFloat::new(py, d.sum).into_any(),
-            PyFloat::new(py, d.min).into_any(),
-            PyFloat::new(py, d.max).into_any(),
-            b.zero_count.into_pyobject(py)?.into_any(),
-            b.nan_count.into_pyobject(py)?.into_any(),
-            b.positive_inf_count.into_pyobject(py)?.into_any(),
-            b.negative_inf_count.into_pyobject(py)?.into_any(),
-            positive.into_any(),
-            negative.into_any(),
-        ],
-    )?;
-    Ok(class
-        .call_method1(crate::py_objects::FROM_CORE.get(py), args)?
-        .unbind())
 }
 
 /// Fills this module's lazy cells at import (see `py_objects`).

@@ -16,6 +16,7 @@ from ._core import (
     STAT_EVENT,
     Aggregation,
     AsyncEventHandler,
+    Distribution,
     Event,
     EventHandlerHandle,
     Stat,
@@ -37,7 +38,6 @@ from ._wait_counter import WaitCounter, _WaitCounter, _WaitCounterTracker
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from . import handlers as handlers
-    from ._distribution import Distribution
     from ._rank import RankInfo, rank_info
     from .handlers.jsonl import JsonlEventHandler, read_jsonl
     from .handlers.otel import OpenTelemetryEventHandler
@@ -70,11 +70,6 @@ def __getattr__(name: str) -> object:
 
         handlers = importlib.import_module(".handlers", __name__)
         return handlers if name == "handlers" else getattr(handlers, name)
-    if name == "Distribution":
-        # Imports fractions and typing, which `import torchmon` does not need.
-        from ._distribution import Distribution
-
-        return Distribution
     if name in _FROM_RANK:
         from . import _rank
 
@@ -190,27 +185,13 @@ def _install_exit_flush() -> None:
         os.register_at_fork(after_in_child=_core._restart_async_handlers_after_fork)
 
 
-def _load_distribution() -> type:
-    """The Distribution class, for the native module (its module is imported
-    on the first window that carries one: ``import torchmon`` does not)."""
-    from ._distribution import Distribution
-
-    return Distribution
-
-
-_core._install_distribution_loader(_load_distribution)
-
-
 def _prepare_fork() -> None:
-    """Completes, on the forking thread, what torchmon's other threads would
-    otherwise import or fill on first use: a window dispatch (the
-    Distribution), a handler error's report (``traceback``). A fork while
-    another thread was inside such an import left that module's import lock,
-    or the cell, held for ever in the child, whose first use of it hung
-    (docs/reliability.md, "fork")."""
+    """Imports, on the forking thread, what a handler error's report imports
+    on first use on torchmon's other threads (``traceback``). A fork while
+    another thread was inside that import left its import lock held for
+    ever in the child, whose first use of it hung (docs/reliability.md,
+    "fork")."""
     import traceback  # noqa: F401  (torchmon._errors.report_unraisable)
-
-    _core._prepare_fork()
 
 
 # Registered before the exit flush and drain, so that it runs after them and

@@ -7,8 +7,6 @@ from typing import Any, ClassVar, Literal, SupportsFloat, TypeAlias, final
 
 from typing_extensions import Buffer
 
-from torchmon._distribution import Distribution
-
 _Text: TypeAlias = str | bytes | bytearray
 _DataValue: TypeAlias = str | int | float | bool
 _InValue: TypeAlias = _DataValue | bytes | bytearray
@@ -27,6 +25,7 @@ __all__ = [
     "_TORCH_WAIT_COUNTER_PROBE_KEY",
     "Aggregation",
     "AsyncEventHandler",
+    "Distribution",
     "Event",
     "EventHandlerHandle",
     "Stat",
@@ -43,11 +42,9 @@ __all__ = [
     "_flush_all_stats",
     "_flush_stats_now",
     "_handler_count",
-    "_install_distribution_loader",
     "_install_staging_store",
     "_install_tensor_support",
     "_live_stat_count",
-    "_prepare_fork",
     "_record_cpu_tensors",
     "_reset_stats_after_fork",
     "_restart_async_handlers_after_fork",
@@ -74,6 +71,82 @@ _AGGREGATION_KEY_SUFFIXES: tuple[str, ...]
 #: 2 ** ((j + 0.5) / 64) for j in 0..63, the doubles the P aggregations
 #: scale to report a bucket (docs/api.md).
 _BUCKET_MIDPOINTS: tuple[float, ...]
+
+@final
+class Distribution:
+    """A Stat window's samples, bucketed at scale 6 (docs/api.md, "Distribution")."""
+
+    _MIN_INDEX: ClassVar[int]
+    _MAX_INDEX: ClassVar[int]
+    def __new__(
+        cls,
+        *,
+        scale: int = 6,
+        count: int,
+        sum: float,
+        min: float,
+        max: float,
+        zero_count: int = 0,
+        nan_count: int = 0,
+        positive_inf_count: int = 0,
+        negative_inf_count: int = 0,
+        positive: Iterable[tuple[int, int]] = (),
+        negative: Iterable[tuple[int, int]] = (),
+    ) -> Distribution: ...
+    @classmethod
+    def _from_core(
+        cls,
+        count: int,
+        sum: float,
+        min: float,
+        max: float,
+        zero_count: int,
+        nan_count: int,
+        positive_inf_count: int,
+        negative_inf_count: int,
+        positive: tuple[tuple[int, int], ...],
+        negative: tuple[tuple[int, int], ...],
+    ) -> Distribution: ...
+    @property
+    def scale(self) -> int: ...
+    @property
+    def count(self) -> int: ...
+    @property
+    def sum(self) -> float: ...
+    @property
+    def min(self) -> float: ...
+    @property
+    def max(self) -> float: ...
+    @property
+    def zero_count(self) -> int: ...
+    @property
+    def nan_count(self) -> int: ...
+    @property
+    def positive_inf_count(self) -> int: ...
+    @property
+    def negative_inf_count(self) -> int: ...
+    @property
+    def positive(self) -> tuple[tuple[int, int], ...]: ...
+    @property
+    def negative(self) -> tuple[tuple[int, int], ...]: ...
+    @staticmethod
+    def bucket_bounds(index: int) -> tuple[float, float]: ...
+    def quantile(self, q: float) -> float: ...
+    def merge(self, other: Distribution) -> Distribution: ...
+    def to_dict(self) -> dict[str, Any]: ...
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> Distribution: ...
+    def __eq__(self, other: object, /) -> bool: ...
+    def __ne__(self, other: object, /) -> bool: ...
+    __hash__: ClassVar[None]  # type: ignore[assignment]
+    def __reduce__(self) -> tuple[Callable[..., Distribution], tuple[object, ...]]: ...
+    def _exponential(self, max_buckets: int) -> tuple[int, int, list[int], int, list[int]]: ...
+    @staticmethod
+    def _bucket_index(value: float) -> int: ...
+    @staticmethod
+    def _representative(index: int) -> int: ...
+    @staticmethod
+    def _upper(index: int) -> float: ...
 
 @final
 class Aggregation:
@@ -230,8 +303,6 @@ def _live_stat_count() -> int: ...
 def _event_with_distribution(
     name: _Text, timestamp: datetime | date | time, data: _EventData, distribution: Distribution
 ) -> Event: ...
-def _prepare_fork() -> None: ...
-def _install_distribution_loader(loader: Callable[[], type]) -> None: ...
 def _reset_stats_after_fork() -> int: ...
 def _install_tensor_support(
     tensor_type: type,

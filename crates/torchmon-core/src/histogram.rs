@@ -512,11 +512,14 @@ impl Distribution {
     /// combined: a side without non-NaN samples adds none, and a NaN one of
     /// a side with some (its first sample was NaN, torch's MIN/MAX rule) is
     /// unknown and makes the merged one NaN, so that the quantile rules do
-    /// not trust the other side's as exact (docs/api.md, Distribution.merge;
-    /// python/torchmon/_distribution.py does the same).
-    pub fn merge(&self, other: &Distribution) -> Distribution {
+    /// not trust the other side's as exact (docs/api.md, Distribution.merge).
+    /// `None` when a count passes `u64::MAX` (no Stat's window comes near).
+    pub fn merge(&self, other: &Distribution) -> Option<Distribution> {
         let (a, b) = (&self.buckets, &other.buckets);
-        let known = (self.count - a.nan_count, other.count - b.nan_count);
+        // As signed numbers: one made unchecked (`_from_core`) may count
+        // more NaNs than samples, and "known" is then not zero.
+        let known = |d: &Distribution| i128::from(d.count) - i128::from(d.buckets.nan_count);
+        let known = (known(self), known(other));
         let pick = |x: f64, y: f64, better: fn(f64, f64) -> bool| match known {
             (0, 0) if x.is_nan() || y.is_nan() => f64::NAN,
             (0, 0) | (_, 0) => x,
@@ -525,35 +528,61 @@ impl Distribution {
             _ if better(y, x) => y,
             _ => x,
         };
-        Distribution {
-            count: self.count + other.count,
+        Some(Distribution {
+            count: self.count.checked_add(other.count)?,
             sum: self.sum + other.sum,
             min: pick(self.min, other.min, |y, x| y < x),
             max: pick(self.max, other.max, |y, x| y > x),
             buckets: Buckets {
-                zero_count: a.zero_count + b.zero_count,
-                nan_count: a.nan_count + b.nan_count,
-                positive_inf_count: a.positive_inf_count + b.positive_inf_count,
-                negative_inf_count: a.negative_inf_count + b.negative_inf_count,
-                positive: merge_counts(&a.positive, &b.positive),
-                negative: merge_counts(&a.negative, &b.negative),
+                zero_count: a.zero_count.checked_add(b.zero_count)?,
+                nan_count: a.nan_count.checked_add(b.nan_count)?,
+                positive_inf_count: a.positive_inf_count.checked_add(b.positive_inf_count)?,
+                negative_inf_count: a.negative_inf_count.checked_add(b.negative_inf_count)?,
+                positive: merge_counts(&a.positive, &b.positive)?,
+                negative: merge_counts(&a.negative, &b.negative)?,
             },
-        }
+        })
     }
 
-    /// The quantile `k/1000` by the rules of docs/api.md: the sample of rank
-    /// `max(1, ceil(k*n/1000))` among the `n` non-NaN ones, estimated by its
-    /// bucket's representative; min and max exact at ranks 1 and n; clamped
-    /// into `[min, max]`. 0.0 for an empty window, NaN when all are NaN.
+    /// The quantile `k/1000` (the P aggregations): `quantile`'s rule with
+    /// `q = k/1000`, without formatting a float.
     pub fn quantile_thousandths(&self, k: u32) -> f64 {
+        self.quantile_by_rank(|n| (u128::from(k) * u128::from(n)).div_ceil(1000))
+    }
+
+    /// The quantile `q` (in `[0, 1]`; past it, the nearest end) by the rules of docs/api.md
+    /// ("Distribution"): the sample of rank `max(1, ceil(q*n))` among the
+    /// `n` non-NaN ones, with `q` read as the decimal Python's `repr(q)`
+    /// writes (0.1 is 1/10, not the double above it), exactly; estimated by
+    /// its bucket's representative; min and max exact at ranks 1 and n;
+    /// clamped into `[min, max]`. 0.0 for an empty window, NaN when all
+    /// samples are NaN.
+    pub fn quantile(&self, q: f64) -> f64 {
+        let (digits, exponent) = shortest_decimal(q.clamp(0.0, 1.0));
+        self.quantile_by_rank(|n| {
+            let scaled = u128::from(digits) * u128::from(n);
+            match u32::try_from(-exponent) {
+                // A whole q: within [0, 1], 0 or 1, and q*n exact.
+                Err(_) => scaled.saturating_mul(10u128.saturating_pow(exponent as u32)),
+                // Past 10^38 the divisor exceeds digits * n < 2^121.
+                Ok(places) if places > 38 => u128::from(scaled > 0),
+                Ok(places) => scaled.div_ceil(10u128.pow(places)),
+            }
+        })
+    }
+
+    /// The quantile whose rank among `n` non-NaN samples is
+    /// `max(1, ceil_rank(n))`.
+    fn quantile_by_rank(&self, ceil_rank: impl FnOnce(u64) -> u128) -> f64 {
         if self.count == 0 {
             return 0.0;
         }
-        let n = self.count - self.buckets.nan_count;
+        let n = self.count.saturating_sub(self.buckets.nan_count);
         if n == 0 {
             return f64::NAN;
         }
-        let rank = (u128::from(k) * u128::from(n)).div_ceil(1000).max(1) as u64;
+        // At most n: q <= 1.
+        let rank = ceil_rank(n).clamp(1, u128::from(n)) as u64;
         let bounded = !self.min.is_nan() && !self.max.is_nan();
         if bounded && rank == 1 {
             return self.min;
@@ -578,7 +607,7 @@ impl Distribution {
         let b = &self.buckets;
         let mut below = 0u64;
         let mut reaches = |count: u64| {
-            below += count;
+            below = below.saturating_add(count);
             rank <= below
         };
         if reaches(b.negative_inf_count) {
@@ -885,8 +914,9 @@ impl Buckets {
     }
 }
 
-/// Two ascending `(index, count)` lists added index by index.
-fn merge_counts(a: &[(i32, u64)], b: &[(i32, u64)]) -> Vec<(i32, u64)> {
+/// Two ascending `(index, count)` lists added index by index (`None` past
+/// `u64::MAX`).
+fn merge_counts(a: &[(i32, u64)], b: &[(i32, u64)]) -> Option<Vec<(i32, u64)>> {
     let mut out = Vec::with_capacity(a.len() + b.len());
     let (mut i, mut j) = (0, 0);
     while i < a.len() && j < b.len() {
@@ -900,7 +930,7 @@ fn merge_counts(a: &[(i32, u64)], b: &[(i32, u64)]) -> Vec<(i32, u64)> {
                 j += 1;
             }
             std::cmp::Ordering::Equal => {
-                out.push((a[i].0, a[i].1 + b[j].1));
+                out.push((a[i].0, a[i].1.checked_add(b[j].1)?));
                 i += 1;
                 j += 1;
             }
@@ -908,7 +938,113 @@ fn merge_counts(a: &[(i32, u64)], b: &[(i32, u64)]) -> Vec<(i32, u64)> {
     }
     out.extend_from_slice(&a[i..]);
     out.extend_from_slice(&b[j..]);
-    out
+    Some(out)
+}
+
+/// `(digits, exponent)` with `value = digits * 10^exponent` written with
+/// the fewest digits that read back as `value` (the nearest such when
+/// several are), as Rust's `{:e}` and Python's `repr` both write it.
+fn shortest_decimal(value: f64) -> (u64, i32) {
+    let text = format!("{:e}", value.abs());
+    let (mantissa, exponent) = text.split_once('e').unwrap_or((&text, "0"));
+    let (whole, fraction) = mantissa.split_once('.').unwrap_or((mantissa, ""));
+    // At most 17 significant digits: they fit a u64.
+    let digits = format!("{whole}{fraction}").parse().unwrap_or(0);
+    let exponent: i32 = exponent.parse().unwrap_or(0);
+    (digits, exponent - fraction.len() as i32)
+}
+
+/// The largest double whose bucket is `index` or below: `2^((index+1)/64)`
+/// rounded down; 0.0 below `MIN_INDEX`, `f64::MAX` from `MAX_INDEX` up. Found
+/// by bisection over the bits of the positive doubles, whose order is their
+/// values' and along which `bucket_index` never decreases.
+pub fn bucket_upper(index: i64) -> f64 {
+    if index < i64::from(MIN_INDEX) {
+        return 0.0;
+    }
+    if index >= i64::from(MAX_INDEX) {
+        return f64::MAX;
+    }
+    // Invariant: bucket(low) <= index < bucket(high).
+    let (mut low, mut high) = (1u64, f64::MAX.to_bits());
+    while high - low > 1 {
+        let middle = low + (high - low) / 2;
+        if i64::from(bucket_index(middle)) <= index {
+            low = middle;
+        } else {
+            high = middle;
+        }
+    }
+    f64::from_bits(low)
+}
+
+/// `(lower, upper)` of bucket `index`: it holds exactly the doubles `x` with
+/// `lower < |x| <= upper` (equal bounds for a subnormal bucket that holds
+/// none). `None` outside `MIN_INDEX..=MAX_INDEX`.
+pub fn bucket_bounds(index: i64) -> Option<(f64, f64)> {
+    (i64::from(MIN_INDEX)..=i64::from(MAX_INDEX))
+        .contains(&index)
+        .then(|| (bucket_upper(index - 1), bucket_upper(index)))
+}
+
+/// OpenTelemetry's smallest scale: its buckets hold `2^1024 : 1`, so every
+/// double falls into 3 of them.
+pub const MIN_EXPONENTIAL_SCALE: i32 = -10;
+
+/// One sign's buckets as OpenTelemetry's dense range: `counts[k]` is bucket
+/// `offset + k`'s.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct DenseBuckets {
+    pub offset: i32,
+    pub counts: Vec<u64>,
+}
+
+/// A distribution's buckets at the largest scale (at most `SCALE`, at least
+/// `MIN_EXPONENTIAL_SCALE`) where each sign's dense range has at most
+/// `max_buckets` buckets: OpenTelemetry's ExponentialHistogram with
+/// `max_size` (docs/sinks.md, "OpenTelemetry"). Bucket `i` of scale 6 lies
+/// in bucket `i >> shift` of scale `6 - shift` (floor, negative indices
+/// included): halving the scale is exact.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Exponential {
+    pub scale: i32,
+    pub positive: DenseBuckets,
+    pub negative: DenseBuckets,
+}
+
+impl Buckets {
+    pub fn exponential(&self, max_buckets: u64) -> Exponential {
+        let span = |side: &[(i32, u64)], shift: i32| match (side.first(), side.last()) {
+            (Some(&(first, _)), Some(&(last, _))) => {
+                ((last >> shift) - (first >> shift) + 1) as u64
+            }
+            _ => 0,
+        };
+        let mut shift = 0;
+        while shift < SCALE - MIN_EXPONENTIAL_SCALE
+            && (span(&self.positive, shift) > max_buckets
+                || span(&self.negative, shift) > max_buckets)
+        {
+            shift += 1;
+        }
+        let dense = |side: &[(i32, u64)]| {
+            let Some(&(first, _)) = side.first() else {
+                return DenseBuckets::default();
+            };
+            let offset = first >> shift;
+            let mut counts = vec![0u64; span(side, shift) as usize];
+            for &(index, count) in side {
+                let slot = &mut counts[((index >> shift) - offset) as usize];
+                *slot = slot.saturating_add(count);
+            }
+            DenseBuckets { offset, counts }
+        };
+        Exponential {
+            scale: SCALE - shift,
+            positive: dense(&self.positive),
+            negative: dense(&self.negative),
+        }
+    }
 }
 
 #[cfg(all(test, not(loom)))]

@@ -399,7 +399,7 @@ fn quantiles_are_within_the_bucket_half_width_of_the_exact_ones() {
 fn merging_equals_the_histogram_of_all_samples() {
     let a = [1.0, -2.0, 0.0, 5e-320, f64::NAN, 1e10];
     let b = [3.0, 1.0, f64::INFINITY, -2.0, -7.0];
-    let merged = distribution_of(&a).merge(&distribution_of(&b));
+    let merged = distribution_of(&a).merge(&distribution_of(&b)).unwrap();
     let all: Vec<f64> = a.iter().chain(&b).copied().collect();
     let whole = distribution_of(&all);
     assert_eq!(merged.buckets, whole.buckets);
@@ -409,15 +409,18 @@ fn merging_equals_the_histogram_of_all_samples() {
     // merged ones are too, and the quantile is the bucket estimate of 4.0,
     // not the other window's 2.0 (rank 2 of 2.0, 4.0).
     let nan_first = distribution_of(&[f64::NAN, 4.0]);
-    let m = nan_first.merge(&distribution_of(&[2.0]));
+    let m = nan_first.merge(&distribution_of(&[2.0])).unwrap();
     assert!(m.min.is_nan() && m.max.is_nan());
     assert!((m.quantile_thousandths(999) - 4.0).abs() <= 0.0055 * 4.0);
     // A window without non-NaN samples adds no extremes.
-    let m = distribution_of(&[f64::NAN]).merge(&distribution_of(&[2.0, 3.0]));
+    let m = distribution_of(&[f64::NAN])
+        .merge(&distribution_of(&[2.0, 3.0]))
+        .unwrap();
     assert_eq!((m.min, m.max), (2.0, 3.0));
     assert!(
         distribution_of(&[f64::NAN])
             .merge(&distribution_of(&[f64::NAN]))
+            .unwrap()
             .min
             .is_nan()
     );
@@ -682,4 +685,134 @@ fn same_compares_floats_by_value_with_nan_equal_and_signed_zeros() {
     };
     assert!(!zero.same(&negative_zero));
     assert!(!zero.same(&distribution_of(&[0.0, 0.0])));
+}
+
+#[test]
+fn merge_refuses_counts_past_u64() {
+    let big = Distribution {
+        count: u64::MAX,
+        buckets: Buckets {
+            zero_count: u64::MAX,
+            ..Buckets::default()
+        },
+        ..distribution_of(&[0.0])
+    };
+    assert_eq!(big.merge(&distribution_of(&[])), Some(big.clone()));
+    assert_eq!(big.merge(&distribution_of(&[0.0])), None);
+    let in_bucket = Distribution {
+        count: u64::MAX,
+        buckets: Buckets {
+            positive: vec![(0, u64::MAX)],
+            ..Buckets::default()
+        },
+        ..distribution_of(&[1.01])
+    };
+    let other = Distribution {
+        count: 0,
+        ..distribution_of(&[1.01])
+    };
+    assert_eq!(in_bucket.merge(&other), None);
+}
+
+#[test]
+fn shortest_decimals_are_the_written_ones() {
+    assert_eq!(shortest_decimal(0.1), (1, -1));
+    assert_eq!(shortest_decimal(0.99), (99, -2));
+    assert_eq!(shortest_decimal(1.0), (1, 0));
+    assert_eq!(shortest_decimal(0.0), (0, 0));
+    assert_eq!(shortest_decimal(5e-324), (5, -324));
+    assert_eq!(shortest_decimal(0.1 + 0.2), (30000000000000004, -17));
+}
+
+#[test]
+fn quantile_reads_q_as_written_and_agrees_with_the_thousandths() {
+    let samples: Vec<f64> = (1..=10).map(f64::from).collect();
+    let d = distribution_of(&samples);
+    // 0.1 * 10 is 1 as written: rank 1, the min; the double 0.1 is a little
+    // above 1/10, which would make it rank 2.
+    assert_eq!(d.quantile(0.1), 1.0);
+    assert_eq!(d.quantile(0.0), 1.0);
+    assert_eq!(d.quantile(1.0), 10.0);
+    assert_eq!(d.quantile(5e-324), 1.0);
+    assert_eq!(d.quantile(0.2), representative(index_of(2.0)));
+    let d = distribution_of(
+        &(0..2000)
+            .map(|i| f64::from(i) * 0.37 - 50.0)
+            .collect::<Vec<_>>(),
+    );
+    for k in [0, 1, 500, 900, 950, 990, 999, 1000] {
+        let q: f64 = format!("0.{k:03}").parse::<f64>().unwrap() + f64::from(u8::from(k == 1000));
+        assert_eq!(
+            d.quantile(q).to_bits(),
+            d.quantile_thousandths(k).to_bits(),
+            "{k}"
+        );
+    }
+    assert_eq!(distribution_of(&[]).quantile(0.5), 0.0);
+    assert!(distribution_of(&[f64::NAN]).quantile(0.5).is_nan());
+    // Outside [0, 1] (the binding refuses it): the nearest end, no panic.
+    let d = distribution_of(&samples);
+    assert_eq!((d.quantile(1e300), d.quantile(-1.0)), (10.0, 1.0));
+    assert_eq!(d.quantile(f64::NAN), 1.0);
+}
+
+#[test]
+fn bucket_bounds_hold_exactly_their_bucket() {
+    for index in [
+        MIN_INDEX,
+        MIN_INDEX + 64,
+        -64 * 1022 - 1,
+        -65,
+        -1,
+        0,
+        1,
+        37,
+        63,
+        64,
+        MAX_INDEX,
+    ] {
+        let (lower, upper) = bucket_bounds(i64::from(index)).unwrap();
+        assert_eq!(oracle(upper), index);
+        assert!(upper == f64::MAX || oracle(upper.next_up()) > index);
+        if lower > 0.0 {
+            assert!(oracle(lower) < index);
+        }
+        assert_eq!(lower, bucket_upper(i64::from(index) - 1));
+    }
+    assert_eq!(bucket_bounds(63), Some((bucket_upper(62), 2.0)));
+    assert_eq!(bucket_bounds(i64::from(MIN_INDEX)), Some((0.0, 5e-324)));
+    assert_eq!(bucket_bounds(i64::from(MIN_INDEX) - 1), None);
+    assert_eq!(bucket_bounds(i64::from(MAX_INDEX) + 1), None);
+    assert_eq!(bucket_upper(i64::MIN), 0.0);
+    assert_eq!(bucket_upper(i64::MAX), f64::MAX);
+}
+
+#[test]
+fn exponential_halves_the_scale_until_each_sign_fits() {
+    let d = distribution_of(&[1.5, 3.0, 1000.0, -0.001, 0.0]);
+    let wide = d.buckets.exponential(1000);
+    assert_eq!(wide.scale, 6);
+    assert_eq!(wide.positive.offset, index_of(1.5));
+    assert_eq!(
+        wide.positive.counts.len() as i32,
+        index_of(1000.0) - index_of(1.5) + 1
+    );
+    assert_eq!(wide.positive.counts.iter().sum::<u64>(), 3);
+    assert_eq!(wide.negative.counts, vec![1]);
+    let narrow = d.buckets.exponential(3);
+    // 1.5 .. 1000 spans octaves 0 to 9: 10 at scale 0, 3 at scale -2.
+    assert_eq!(narrow.scale, -2);
+    assert_eq!(narrow.positive.offset, index_of(1.5) >> 8);
+    assert_eq!(narrow.positive.counts, vec![2, 0, 1]);
+    assert_eq!(narrow.negative.offset, index_of(0.001) >> 8);
+    // Scale -10 is the floor, whatever the limit.
+    let all = distribution_of(&[5e-324, f64::MAX]);
+    assert_eq!(all.buckets.exponential(1).scale, MIN_EXPONENTIAL_SCALE);
+    assert_eq!(
+        distribution_of(&[]).buckets.exponential(3),
+        Exponential {
+            scale: 6,
+            ..Exponential::default()
+        }
+    );
 }

@@ -39,7 +39,7 @@ if TYPE_CHECKING:
     )
     from opentelemetry.sdk.resources import Resource
 
-    from .._distribution import Distribution
+    from .._core import Distribution
 
 __all__ = ["OpenTelemetryEventHandler", "otel_instrument_name"]
 
@@ -82,12 +82,6 @@ def otel_instrument_name(key: str) -> str:
 
 _P_SUFFIXES = frozenset(("p50", "p90", "p95", "p99", "p999"))
 
-# The distributions of a Stat are base-2 exponential histograms at scale 6
-# (docs/api.md): OpenTelemetry's ExponentialHistogram buckets at that scale.
-_SCALE = 6
-# OpenTelemetry's smallest scale: its buckets hold 2**1024 : 1, so every
-# double falls into 3 of them (docs/sinks.md, "OpenTelemetry").
-_MIN_SCALE = -10
 DEFAULT_MAX_BUCKETS = 160  # the OpenTelemetry SDK's default max_size
 # How long flush() and close() (so the process exit) wait for the exporter,
 # retries included (docs/sinks.md, "Unreachable collector"): a preempted job
@@ -109,47 +103,6 @@ def _stat_name(data: Mapping[str, object]) -> str | None:
     return None
 
 
-def _downscale(buckets: Mapping[int, int], shift: int) -> dict[int, int]:
-    """Scale-6 bucket counts at scale ``6 - shift``: bucket ``i`` lies in
-    bucket ``i >> shift`` (floor division, negative indices included), so
-    the merge is exact."""
-    if shift == 0:
-        return dict(buckets)
-    merged: dict[int, int] = {}
-    for index, count in buckets.items():
-        merged[index >> shift] = merged.get(index >> shift, 0) + count
-    return merged
-
-
-def _span(buckets: Mapping[int, int], shift: int) -> int:
-    if not buckets:
-        return 0
-    return (max(buckets) >> shift) - (min(buckets) >> shift) + 1
-
-
-def _shift_for(positive: Mapping[int, int], negative: Mapping[int, int], max_buckets: int) -> int:
-    """The fewest halvings of the scale after which each of the two dense
-    bucket ranges has at most ``max_buckets`` buckets (OpenTelemetry's
-    ``max_size``: one scale for both ranges)."""
-    shift = 0
-    while shift < _SCALE - _MIN_SCALE and (
-        _span(positive, shift) > max_buckets or _span(negative, shift) > max_buckets
-    ):
-        shift += 1
-    return shift
-
-
-def _dense(buckets: Mapping[int, int]) -> tuple[int, list[int]]:
-    """(offset, counts) of OpenTelemetry's dense bucket range."""
-    if not buckets:
-        return 0, []
-    offset = min(buckets)
-    counts = [0] * (max(buckets) - offset + 1)
-    for index, count in buckets.items():
-        counts[index - offset] += count
-    return offset, counts
-
-
 class _Histogram:
     """The windows of one Stat merged at scale 6, as one OpenTelemetry
     exponential histogram point holds them (docs/sinks.md, "OpenTelemetry").
@@ -161,32 +114,20 @@ class _Histogram:
     not a finite value of a NaN-free window, and ``max``.
     """
 
-    __slots__ = ("max", "min", "negative", "positive", "sum", "zero_count")
+    __slots__ = ("buckets", "max", "min", "sum")
 
     def __init__(self) -> None:
-        self.zero_count = 0
-        self.positive: dict[int, int] = {}
-        self.negative: dict[int, int] = {}
+        # Every window merged; only its buckets are read (the point's sum,
+        # min and max follow the rules above, not Distribution.merge's).
+        self.buckets: Distribution | None = None
         self.sum: float | None = 0.0
         # inf / -inf: no finite sample yet; None: unknown.
         self.min: float | None = math.inf
         self.max: float | None = -math.inf
 
     def add(self, distribution: Distribution) -> None:
-        if distribution.scale != _SCALE:
-            raise ValueError(
-                f"OpenTelemetryEventHandler: distributions of scale {distribution.scale} "
-                f"are not supported (Stats make scale {_SCALE})"
-            )
-        finite = distribution.zero_count
-        self.zero_count += distribution.zero_count
-        for side, buckets in (
-            (self.positive, distribution.positive),
-            (self.negative, distribution.negative),
-        ):
-            for index, count in buckets:
-                side[index] = side.get(index, 0) + count
-                finite += count
+        merged = self.buckets
+        self.buckets = distribution if merged is None else merged.merge(distribution)
         non_finite = (
             distribution.nan_count
             + distribution.positive_inf_count
@@ -195,7 +136,7 @@ class _Histogram:
         total = float(distribution.sum)
         if self.sum is not None:
             self.sum = self.sum + total if non_finite == 0 and math.isfinite(total) else None
-        if finite == 0:
+        if distribution.count == non_finite:
             return  # min and max of no finite sample: nothing to combine
         low, high = float(distribution.min), float(distribution.max)
         known = distribution.nan_count == 0
@@ -213,9 +154,11 @@ class _Histogram:
     ) -> ExponentialHistogramDataPoint:
         from opentelemetry.sdk.metrics.export import Buckets, ExponentialHistogramDataPoint
 
-        shift = _shift_for(self.positive, self.negative, max_buckets)
-        positive_offset, positive = _dense(_downscale(self.positive, shift))
-        negative_offset, negative = _dense(_downscale(self.negative, shift))
+        assert self.buckets is not None  # made by add()
+        # Downscaled to at most max_buckets per sign (docs/sinks.md, "OpenTelemetry").
+        scale, positive_offset, positive, negative_offset, negative = self.buckets._exponential(
+            max_buckets
+        )
         # The SDK's point class types sum, min and max as floats, but its
         # OTLP encoder leaves a None out (they are optional fields of the
         # protocol): that is how an unknown value is sent. min stays inf and
@@ -226,10 +169,10 @@ class _Histogram:
             attributes=dict(attributes),
             start_time_unix_nano=start_ns,
             time_unix_nano=now_ns,
-            count=self.zero_count + sum(positive) + sum(negative),
+            count=self.buckets.zero_count + sum(positive) + sum(negative),
             sum=self.sum,  # type: ignore[arg-type]
-            scale=_SCALE - shift,
-            zero_count=self.zero_count,
+            scale=scale,
+            zero_count=self.buckets.zero_count,
             positive=Buckets(offset=positive_offset, bucket_counts=positive),
             negative=Buckets(offset=negative_offset, bucket_counts=negative),
             flags=0,

@@ -32,6 +32,9 @@ pub enum FeedError<E> {
     LineTooLong(u64),
     /// The fallback failed (with `--strict`, an unreadable line).
     Fallback(E),
+    /// Line `n`'s distribution, merged with the earlier ones, counts more
+    /// than `u64::MAX` samples somewhere (`Distribution::merge`).
+    CountsOverflow(u64),
 }
 
 /// A stored distribution checked by the rules of docs/api.md
@@ -76,11 +79,15 @@ fn distribution_stat(first_key: &str) -> &str {
     }
 }
 
-fn merge_into(slot: &mut Option<Distribution>, d: Distribution) {
-    *slot = Some(match slot.take() {
-        Some(merged) => merged.merge(&d),
-        None => d,
+/// Counts past `u64::MAX` (see [`FeedError::CountsOverflow`]).
+struct CountsOverflow;
+
+fn merge_into(slot: &mut Option<Distribution>, d: &Distribution) -> Result<(), CountsOverflow> {
+    *slot = Some(match slot {
+        Some(merged) => merged.merge(d).ok_or(CountsOverflow)?,
+        None => d.clone(),
     });
+    Ok(())
 }
 
 #[derive(Debug)]
@@ -254,18 +261,17 @@ impl Summary {
             return Ok(());
         }
         if let Some((record, distribution)) = read(raw, false) {
-            self.add(&record.name, &record.data, distribution, raw);
-            return Ok(());
+            return self.add(&record.name, &record.data, distribution, raw);
         }
         match fallback(raw, self.lineno) {
             // Python's event always reads (a count beyond u64 aside, which
             // no Stat makes).
-            Ok(Some(line)) => {
-                if let Some((record, distribution)) = read(&line, true) {
-                    self.add(&record.name, &record.data, distribution, raw);
+            Ok(Some(line)) => match read(&line, true) {
+                Some((record, distribution)) => {
+                    self.add(&record.name, &record.data, distribution, raw)
                 }
-                Ok(())
-            }
+                None => Ok(()),
+            },
             Ok(None) => Ok(()),
             Err(e) => Err(FeedError::Fallback(e)),
         }
@@ -273,13 +279,13 @@ impl Summary {
 
     /// Folds one event in (`line`: its line, kept for the other events'
     /// last data).
-    pub fn add<K: AsRef<str>>(
+    fn add<K: AsRef<str>, E>(
         &mut self,
         name: &str,
         data: &[(K, Value)],
         distribution: Option<Distribution>,
         line: &[u8],
-    ) {
+    ) -> Result<(), FeedError<E>> {
         self.records += 1;
         self.events += 1;
         if name != STAT_EVENT {
@@ -294,13 +300,15 @@ impl Summary {
             other.count += 1;
             other.last_line.clear();
             other.last_line.extend_from_slice(line);
-            return;
+            return Ok(());
         }
         if let (Some(d), Some((first, _))) = (&distribution, data.first()) {
             let stat = distribution_stat(first.as_ref());
             match self.distributions.get_mut(stat) {
                 Some((merged, windows)) => {
-                    *merged = merged.merge(d);
+                    *merged = merged
+                        .merge(d)
+                        .ok_or(FeedError::CountsOverflow(self.lineno))?;
                     *windows += 1;
                 }
                 None => {
@@ -308,7 +316,9 @@ impl Summary {
                 }
             }
             if let Some(ranks) = &mut self.ranks {
-                merge_into(&mut ranks.median(stat, self.label).merged, d.clone());
+                let lineno = self.lineno;
+                merge_into(&mut ranks.median(stat, self.label).merged, d)
+                    .map_err(|_| FeedError::CountsOverflow(lineno))?;
             }
         }
         for (key, value) in data {
@@ -347,6 +357,7 @@ impl Summary {
                 ranks.add(stat, agg, value, self.label, self.file);
             }
         }
+        Ok(())
     }
 
     /// The rows of one table by name (`None` for another name), each

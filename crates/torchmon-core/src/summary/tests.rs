@@ -306,3 +306,14 @@ fn stored_distributions_are_checked_and_merged() {
         .chain([1.0, 2.0, 2.0, 2.0].map(Cell::Float));
     assert_eq!(rows, [expected.collect::<Vec<_>>()]);
 }
+
+#[test]
+fn counts_past_u64_stop_the_reading() {
+    let zeros = r#"{"count":10000000000000000000,"sum":0.0,"min":0.0,"max":0.0,"zero_count":10000000000000000000}"#;
+    let mut summary = Summary::new(1 << 20, false);
+    let (result, calls) = feed_all(&mut summary, &[&dist_line(zeros), &dist_line(zeros)]);
+    assert_eq!(
+        (result, calls.len()),
+        (Err(FeedError::CountsOverflow(2)), 0)
+    );
+}

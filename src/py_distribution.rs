@@ -1,0 +1,735 @@
+//! `torchmon.Distribution` (docs/api.md, "Distribution"): the core's
+//! `histogram::Distribution` wrapped. Only conversion lives here: Python
+//! objects to the core's parts (the checks of argument types) and back, and
+//! the wording of the core's `InvalidDistribution` (floats as Python's repr
+//! writes them). Every rule (values, quantile, merge, bucket bounds, the
+//! OpenTelemetry downscaling) is the core's.
+
+use std::sync::{Arc, OnceLock};
+
+use pyo3::exceptions::{PyAttributeError, PyTypeError};
+use pyo3::prelude::*;
+use pyo3::types::{PyBool, PyBytes, PyDict, PyFloat, PyInt, PyList, PyString, PyTuple, PyType};
+use torchmon_core::histogram::{
+    self as core, Distribution, DistributionParts, InvalidDistribution, Place,
+};
+
+use crate::py_convert::{arg_message, arg_type_error, arg_value_error, type_name};
+
+const CALL: &str = "Distribution";
+/// How a non-finite float is written, as the JSON-lines sink writes a data value.
+const FLOAT_TAG: &str = "$float";
+/// The keyword arguments, in the order of the signature and of `to_dict`.
+const FIELDS: [&str; 11] = [
+    "scale",
+    "count",
+    "sum",
+    "min",
+    "max",
+    "zero_count",
+    "nan_count",
+    "positive_inf_count",
+    "negative_inf_count",
+    "positive",
+    "negative",
+];
+/// The arguments without a default.
+const REQUIRED: [&str; 4] = ["count", "sum", "min", "max"];
+
+#[pyclass(name = "Distribution", module = "torchmon", frozen)]
+pub struct PyDistribution {
+    /// Shared with the window that made it, if one did.
+    inner: Arc<Distribution>,
+    /// `positive` and `negative` as Python tuples, made at the first read:
+    /// a window costs no Python object per bucket unless a handler reads
+    /// them, and later reads cost none.
+    tuples: [OnceLock<Py<PyTuple>>; 2],
+}
+
+impl PyDistribution {
+    pub fn from_core(inner: Arc<Distribution>) -> Self {
+        PyDistribution {
+            inner,
+            tuples: Default::default(),
+        }
+    }
+
+    /// Side 0 (positive) or 1 (negative) as a tuple of `(index, count)`.
+    fn side<'py>(&self, py: Python<'py>, side: usize) -> PyResult<Bound<'py, PyTuple>> {
+        if let Some(tuple) = self.tuples[side].get() {
+            return Ok(tuple.bind(py).clone());
+        }
+        let b = &self.inner.buckets;
+        let tuple = PyTuple::new(py, [&b.positive, &b.negative][side])?;
+        // Made outside the cell, then set: nothing that could let go of the
+        // GIL runs inside it (py_objects.rs says why). A racing reader's
+        // equal tuple may have landed first; either is the value.
+        let _ = self.tuples[side].set(tuple.clone().unbind());
+        Ok(tuple)
+    }
+
+    /// The checked constructor, from the keyword arguments by name.
+    fn from_fields(py: Python<'_>, fields: &[Option<Bound<'_, PyAny>>; 11]) -> PyResult<Self> {
+        let field =
+            |name: &str| fields[FIELDS.iter().position(|f| *f == name).unwrap_or(0)].as_ref();
+        if let Some(scale) = field("scale") {
+            core::check_scale(int_arg(CALL, scale, "scale")?).map_err(|e| invalid(py, e))?;
+        }
+        let count = |name: &'static str| match field(name) {
+            Some(value) => {
+                core::check_count(name, int_arg(CALL, value, name)?).map_err(|e| invalid(py, e))
+            }
+            None => Ok(0),
+        };
+        let (count, zero_count, nan_count, positive_inf_count, negative_inf_count) = (
+            count("count")?,
+            count("zero_count")?,
+            count("nan_count")?,
+            count("positive_inf_count")?,
+            count("negative_inf_count")?,
+        );
+        let float = |name: &str| field(name).map_or(Ok(0.0), |value| float_arg(value, name));
+        let (sum, min, max) = (float("sum")?, float("min")?, float("max")?);
+        let buckets =
+            |name: &'static str| field(name).map_or(Ok(Vec::new()), |v| buckets_arg(v, name));
+        let parts = DistributionParts {
+            count,
+            sum,
+            min,
+            max,
+            zero_count,
+            nan_count,
+            positive_inf_count,
+            negative_inf_count,
+            positive: buckets("positive")?,
+            negative: buckets("negative")?,
+        };
+        let inner = Distribution::from_parts(parts).map_err(|e| invalid(py, e))?;
+        Ok(Self::from_core(Arc::new(inner)))
+    }
+}
+
+/// Python's `repr` of a float.
+fn float_repr(py: Python<'_>, value: f64) -> PyResult<String> {
+    Ok(PyFloat::new(py, value).repr()?.to_string())
+}
+
+/// A ValueError naming the argument of `Distribution(...)` at fault.
+fn invalid(py: Python<'_>, error: InvalidDistribution) -> PyErr {
+    use InvalidDistribution::*;
+    let (min_index, max_index) = (core::MIN_INDEX, core::MAX_INDEX);
+    let text = match &error {
+        Scale { scale } => Ok(format!(
+            "must be {} (the only one supported), got {scale}",
+            core::SCALE
+        )),
+        Negative { value, .. } => Ok(format!("must be >= 0, got {value}")),
+        TooLarge {
+            argument: "positive" | "negative",
+            value,
+        } => Ok(format!("must hold bucket counts below 2**64, got {value}")),
+        TooLarge { value, .. } => Ok(format!("must be below 2**64, got {value}")),
+        IndexOutOfRange { index, .. } => Ok(format!(
+            "has bucket index {index}, which holds no finite double at scale 6 \
+             (must be in {min_index}..{max_index})"
+        )),
+        EmptyBucket { index, count, .. } => Ok(format!(
+            "must count > 0 samples in bucket {index}, got {count}"
+        )),
+        NotAscending {
+            previous, index, ..
+        } => Ok(format!(
+            "must have strictly ascending bucket indices ({previous} then {index})"
+        )),
+        CountMismatch { count, counted } => Ok(format!(
+            "must equal the samples counted in the buckets, zeros, NaNs and infinities \
+             ({counted}), got {count}"
+        )),
+        MinAboveMax { min, max } => float_repr(py, *min).and_then(|min| {
+            Ok(format!(
+                "must be <= max, got min={min}, max={}",
+                float_repr(py, *max)?
+            ))
+        }),
+        Extreme {
+            is_min,
+            value,
+            place,
+        } => float_repr(py, *value).map(|value| {
+            let place = match place {
+                Place::NegativeInf => "negative_inf_count".to_owned(),
+                Place::Negative(index) => format!("negative bucket {index}"),
+                Place::Zero => "zero_count".to_owned(),
+                Place::Positive(index) => format!("positive bucket {index}"),
+                Place::PositiveInf => "positive_inf_count".to_owned(),
+            };
+            let which = if *is_min { "smallest" } else { "largest" };
+            format!("{value} is not in {place}, where the {which} sample is counted")
+        }),
+    };
+    match text {
+        Ok(text) => arg_value_error(CALL, error.argument(), text),
+        Err(err) => err,
+    }
+}
+
+fn is_int(value: &Bound<'_, PyAny>) -> bool {
+    value.is_instance_of::<PyInt>() && !value.is_instance_of::<PyBool>()
+}
+
+/// An int argument (bool refused), past `i128` saturated: the core's rules
+/// refuse those anyway.
+fn int_arg(call: &str, value: &Bound<'_, PyAny>, name: &str) -> PyResult<i128> {
+    if !is_int(value) {
+        return Err(arg_type_error(call, name, "an int", value));
+    }
+    Ok(saturated(value))
+}
+
+fn saturated(int: &Bound<'_, PyAny>) -> i128 {
+    int.extract::<i128>().unwrap_or_else(|_| {
+        if int.lt(0).unwrap_or(false) {
+            i128::MIN
+        } else {
+            i128::MAX
+        }
+    })
+}
+
+/// A float argument: a float or an int (not bool) within the float range.
+fn float_arg(value: &Bound<'_, PyAny>, name: &str) -> PyResult<f64> {
+    if value.is_instance_of::<PyBool>()
+        || !(value.is_instance_of::<PyFloat>() || value.is_instance_of::<PyInt>())
+    {
+        return Err(arg_type_error(CALL, name, "a float", value));
+    }
+    value.extract::<f64>().or_else(|_| {
+        // An int past the float range: a JSON line's 400-digit "sum" is bad
+        // input, not a crash (docs/api.md, Distribution). Its digits are
+        // counted by str(), which refuses ints of over 4300 digits.
+        let py = value.py();
+        let magnitude = value.call_method0("__abs__")?;
+        let digits = if magnitude.lt(PyInt::new(py, 10).pow(4000, py.None())?)? {
+            magnitude.str()?.len()?.to_string()
+        } else {
+            "over 4000".to_owned()
+        };
+        Err(arg_value_error(
+            CALL,
+            name,
+            format_args!("must be within the float range, got an int of {digits} digits"),
+        ))
+    })
+}
+
+fn is_text(value: &Bound<'_, PyAny>) -> bool {
+    value.is_instance_of::<PyString>() || value.is_instance_of::<PyBytes>()
+}
+
+/// Whether `value` is a `collections.abc.Iterable` and not text.
+fn is_iterable(value: &Bound<'_, PyAny>) -> PyResult<bool> {
+    if value.is_instance_of::<PyList>() || value.is_instance_of::<PyTuple>() {
+        return Ok(true);
+    }
+    Ok(!is_text(value) && value.is_instance(crate::py_objects::iterable_abc(value.py())?)?)
+}
+
+/// `reprlib.repr(value)`: cut short in depth and length, so that a value
+/// nested 100,000 deep (read from a JSON line) gets its error message, not
+/// a RecursionError.
+fn short_repr(value: &Bound<'_, PyAny>) -> PyResult<String> {
+    let repr = value.py().import("reprlib")?.getattr("repr")?;
+    Ok(repr.call1((value,))?.str()?.to_string())
+}
+
+/// The `(index, count)` pairs of `positive` or `negative`: their types
+/// checked here, their values by the core's `check_bucket` as each is read,
+/// so that the first bad pair is the one reported.
+fn buckets_arg(value: &Bound<'_, PyAny>, name: &'static str) -> PyResult<Vec<(i64, u64)>> {
+    if !is_iterable(value)? {
+        return Err(arg_type_error(
+            CALL,
+            name,
+            "an iterable of (index, count) pairs",
+            value,
+        ));
+    }
+    let py = value.py();
+    let must_hold = |what: String| PyTypeError::new_err(arg_message(CALL, name, what));
+    let mut out = Vec::new();
+    let mut previous = None;
+    for pair in value.try_iter()? {
+        let pair = pair?;
+        let exact = pair.is_exact_instance_of::<PyList>() || pair.is_exact_instance_of::<PyTuple>();
+        let items = if exact && pair.len()? == 2 {
+            pair
+        } else if !is_iterable(&pair)? {
+            let got = type_name(&pair);
+            return Err(must_hold(format!(
+                "must hold (index, count) pairs, not {got}"
+            )));
+        } else {
+            let items = py.get_type::<PyTuple>().call1((pair,))?;
+            if items.len()? != 2 {
+                let got = short_repr(&items)?;
+                let problem = format!("must hold (index, count) pairs, got {got}");
+                return Err(arg_value_error(CALL, name, problem));
+            }
+            items
+        };
+        let (index, count) = (items.get_item(0)?, items.get_item(1)?);
+        if !is_int(&index) {
+            let got = type_name(&index);
+            return Err(must_hold(format!(
+                "must hold int bucket indices, not {got}"
+            )));
+        }
+        if !is_int(&count) {
+            let got = type_name(&count);
+            return Err(must_hold(format!("must hold int bucket counts, not {got}")));
+        }
+        let pair = core::check_bucket(name, previous, saturated(&index), saturated(&count))
+            .map_err(|e| invalid(py, e))?;
+        previous = Some(pair.0);
+        out.push(pair);
+    }
+    Ok(out)
+}
+
+/// A sum, min or max as `to_dict` writes it.
+fn encode_float(py: Python<'_>, value: f64) -> PyResult<Bound<'_, PyAny>> {
+    if value.is_finite() {
+        return Ok(PyFloat::new(py, value).into_any());
+    }
+    let text = match value {
+        v if v.is_nan() => "nan",
+        v if v > 0.0 => "inf",
+        _ => "-inf",
+    };
+    let tagged = PyDict::new(py);
+    tagged.set_item(FLOAT_TAG, text)?;
+    Ok(tagged.into_any())
+}
+
+/// `from_dict`'s sum, min or max: a `{"$float": ...}` tag read, anything
+/// else left for the constructor's checks.
+fn decode_float<'py>(value: Bound<'py, PyAny>, name: &str) -> PyResult<Bound<'py, PyAny>> {
+    let py = value.py();
+    let is_tag = value.is_instance(crate::py_objects::mapping_abc(py)?)?
+        && value.len()? == 1
+        && value.contains(FLOAT_TAG)?;
+    if !is_tag {
+        return Ok(value);
+    }
+    let text = value.get_item(FLOAT_TAG)?;
+    let decoded = match text
+        .cast::<PyString>()
+        .ok()
+        .map(|t| t.to_string())
+        .as_deref()
+    {
+        Some("nan") => f64::NAN,
+        Some("inf") => f64::INFINITY,
+        Some("-inf") => f64::NEG_INFINITY,
+        _ => {
+            let (got, name) = (short_repr(&text)?, PyString::new(py, name).repr()?);
+            return Err(arg_value_error(
+                "Distribution.from_dict",
+                "d",
+                format_args!(
+                    "holds {got} at d[{name}], where {{\"{FLOAT_TAG}\": ...}} \
+                     must be \"nan\", \"inf\" or \"-inf\""
+                ),
+            ));
+        }
+    };
+    Ok(PyFloat::new(py, decoded).into_any())
+}
+
+/// `Distribution(*, scale=6, count, sum, min, max, zero_count=0, ...)`'s
+/// own argument errors, worded as CPython words a Python function's.
+fn keyword_fields<'py>(
+    args: &Bound<'py, PyTuple>,
+    kwargs: Option<&Bound<'py, PyDict>>,
+) -> PyResult<[Option<Bound<'py, PyAny>>; 11]> {
+    const WHO: &str = "Distribution.__init__()";
+    if !args.is_empty() {
+        let given = args.len() + 1;
+        return Err(PyTypeError::new_err(format!(
+            "{WHO} takes 1 positional argument but {given} were given"
+        )));
+    }
+    let mut fields: [Option<Bound<'py, PyAny>>; 11] = Default::default();
+    for (key, value) in kwargs.into_iter().flatten() {
+        let key = key.cast_into::<PyString>()?;
+        let Some(slot) = FIELDS
+            .iter()
+            .position(|f| key.to_cow().is_ok_and(|k| k == *f))
+        else {
+            return Err(PyTypeError::new_err(format!(
+                "{WHO} got an unexpected keyword argument {}",
+                key.repr()?
+            )));
+        };
+        fields[slot] = Some(value);
+    }
+    let missing: Vec<String> = REQUIRED
+        .iter()
+        .filter(|name| fields[FIELDS.iter().position(|f| f == *name).unwrap_or(0)].is_none())
+        .map(|name| format!("'{name}'"))
+        .collect();
+    if let Some((last, rest)) = missing.split_last() {
+        let (s, names) = match rest {
+            [] => ("", last.clone()),
+            [one] => ("s", format!("{one} and {last}")),
+            _ => ("s", format!("{}, and {last}", rest.join(", "))),
+        };
+        return Err(PyTypeError::new_err(format!(
+            "{WHO} missing {} required keyword-only argument{s}: {names}",
+            missing.len()
+        )));
+    }
+    Ok(fields)
+}
+
+#[pymethods]
+impl PyDistribution {
+    /// Parsed by hand (`keyword_fields`) so that an argument given as
+    /// `None` is refused, not taken for its default.
+    #[new]
+    #[pyo3(
+        signature = (*args, **kwargs),
+        text_signature = "(*, scale=6, count, sum, min, max, zero_count=0, nan_count=0, \
+                          positive_inf_count=0, negative_inf_count=0, positive=(), negative=())"
+    )]
+    fn new(args: &Bound<'_, PyTuple>, kwargs: Option<&Bound<'_, PyDict>>) -> PyResult<Self> {
+        Self::from_fields(args.py(), &keyword_fields(args, kwargs)?)
+    }
+
+    /// The native Stat's constructor for tests: positional, unchecked.
+    #[classmethod]
+    #[allow(clippy::too_many_arguments)]
+    fn _from_core(
+        _cls: &Bound<'_, PyType>,
+        count: u64,
+        sum: f64,
+        min: f64,
+        max: f64,
+        zero_count: u64,
+        nan_count: u64,
+        positive_inf_count: u64,
+        negative_inf_count: u64,
+        positive: Vec<(i32, u64)>,
+        negative: Vec<(i32, u64)>,
+    ) -> PyResult<Self> {
+        let buckets = core::Buckets {
+            zero_count,
+            nan_count,
+            positive_inf_count,
+            negative_inf_count,
+            positive,
+            negative,
+        };
+        let inner = Distribution {
+            count,
+            sum,
+            min,
+            max,
+            buckets,
+        };
+        Ok(Self::from_core(Arc::new(inner)))
+    }
+
+    #[getter]
+    fn scale(&self) -> i32 {
+        core::SCALE
+    }
+    #[getter]
+    fn count(&self) -> u64 {
+        self.inner.count
+    }
+    #[getter]
+    fn sum(&self) -> f64 {
+        self.inner.sum
+    }
+    #[getter]
+    fn min(&self) -> f64 {
+        self.inner.min
+    }
+    #[getter]
+    fn max(&self) -> f64 {
+        self.inner.max
+    }
+    #[getter]
+    fn zero_count(&self) -> u64 {
+        self.inner.buckets.zero_count
+    }
+    #[getter]
+    fn nan_count(&self) -> u64 {
+        self.inner.buckets.nan_count
+    }
+    #[getter]
+    fn positive_inf_count(&self) -> u64 {
+        self.inner.buckets.positive_inf_count
+    }
+    #[getter]
+    fn negative_inf_count(&self) -> u64 {
+        self.inner.buckets.negative_inf_count
+    }
+    #[getter]
+    fn positive<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyTuple>> {
+        self.side(py, 0)
+    }
+    #[getter]
+    fn negative<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyTuple>> {
+        self.side(py, 1)
+    }
+
+    #[staticmethod]
+    fn bucket_bounds(index: &Bound<'_, PyAny>) -> PyResult<(f64, f64)> {
+        const WHO: &str = "Distribution.bucket_bounds";
+        let index = int_arg(WHO, index, "index")?;
+        let (min, max) = (core::MIN_INDEX, core::MAX_INDEX);
+        i64::try_from(index)
+            .ok()
+            .and_then(core::bucket_bounds)
+            .ok_or_else(|| {
+                let problem =
+                    format!("must be in {min}..{max} (bucket {index} holds no finite double)");
+                arg_value_error(WHO, "index", problem)
+            })
+    }
+
+    fn quantile(&self, q: &Bound<'_, PyAny>) -> PyResult<f64> {
+        const WHO: &str = "Distribution.quantile";
+        if q.is_instance_of::<PyBool>()
+            || !(q.is_instance_of::<PyFloat>() || q.is_instance_of::<PyInt>())
+        {
+            return Err(arg_type_error(WHO, "q", "a float", q));
+        }
+        // An int past the float range is past 1.
+        let value = q.extract::<f64>().unwrap_or(f64::INFINITY);
+        if !(0.0..=1.0).contains(&value) {
+            let problem = format!("must be in [0, 1], got {}", q.repr()?);
+            return Err(arg_value_error(WHO, "q", problem));
+        }
+        Ok(self.inner.quantile(value))
+    }
+
+    fn merge(&self, other: &Bound<'_, PyAny>) -> PyResult<Self> {
+        const WHO: &str = "Distribution.merge";
+        let Ok(theirs) = other.cast::<PyDistribution>() else {
+            return Err(arg_type_error(WHO, "other", "a Distribution", other));
+        };
+        let merged = self.inner.merge(&theirs.get().inner).ok_or_else(|| {
+            arg_value_error(WHO, "other", "has counts that pass 2**64 with this one's")
+        })?;
+        Ok(Self::from_core(Arc::new(merged)))
+    }
+
+    fn to_dict<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let d = &self.inner;
+        let b = &d.buckets;
+        let lists = |side: &[(i32, u64)]| -> PyResult<Bound<'py, PyList>> {
+            let out = PyList::empty(py);
+            for &(index, count) in side {
+                let index = index.into_pyobject(py)?.into_any();
+                out.append(PyList::new(
+                    py,
+                    [index, count.into_pyobject(py)?.into_any()],
+                )?)?;
+            }
+            Ok(out)
+        };
+        let out = PyDict::new(py);
+        out.set_item("scale", core::SCALE)?;
+        out.set_item("count", d.count)?;
+        for (name, value) in [("sum", d.sum), ("min", d.min), ("max", d.max)] {
+            out.set_item(name, encode_float(py, value)?)?;
+        }
+        out.set_item("zero_count", b.zero_count)?;
+        out.set_item("nan_count", b.nan_count)?;
+        out.set_item("positive_inf_count", b.positive_inf_count)?;
+        out.set_item("negative_inf_count", b.negative_inf_count)?;
+        out.set_item("positive", lists(&b.positive)?)?;
+        out.set_item("negative", lists(&b.negative)?)?;
+        Ok(out)
+    }
+
+    #[classmethod]
+    fn from_dict(cls: &Bound<'_, PyType>, d: &Bound<'_, PyAny>) -> PyResult<Self> {
+        const WHO: &str = "Distribution.from_dict";
+        let py = cls.py();
+        if !d.is_instance(crate::py_objects::mapping_abc(py)?)? {
+            return Err(arg_type_error(WHO, "d", "a mapping", d));
+        }
+        for key in d.try_iter()? {
+            let key = key?;
+            let known = key
+                .cast::<PyString>()
+                .is_ok_and(|k| k.to_cow().is_ok_and(|k| FIELDS.contains(&k.as_ref())));
+            if !known {
+                let problem = format!("has an unknown key {}", key.repr()?);
+                return Err(arg_value_error(WHO, "d", problem));
+            }
+        }
+        for key in REQUIRED {
+            if !d.contains(key)? {
+                return Err(arg_value_error(
+                    WHO,
+                    "d",
+                    format!("is missing the key '{key}'"),
+                ));
+            }
+        }
+        let mut fields: [Option<Bound<'_, PyAny>>; 11] = Default::default();
+        for (slot, name) in fields.iter_mut().zip(FIELDS) {
+            if d.contains(name)? {
+                let value = d.get_item(name)?;
+                let is_float = matches!(name, "sum" | "min" | "max");
+                *slot = Some(if is_float {
+                    decode_float(value, name)?
+                } else {
+                    value
+                });
+            }
+        }
+        Self::from_fields(py, &fields)
+    }
+
+    /// Equal when every field is; NaN sum/min/max equal NaN (and -0.0 only
+    /// -0.0), so that a distribution equals its round trip.
+    fn __eq__(&self, other: &Bound<'_, PyAny>) -> Py<PyAny> {
+        let py = other.py();
+        match other.cast::<PyDistribution>() {
+            Ok(other) => PyBool::new(py, self.inner.same(&other.get().inner))
+                .to_owned()
+                .into_any()
+                .unbind(),
+            Err(_) => py.NotImplemented(),
+        }
+    }
+
+    fn __setattr__(&self, name: &Bound<'_, PyAny>, _value: &Bound<'_, PyAny>) -> PyResult<()> {
+        Err(PyAttributeError::new_err(format!(
+            "Distribution is immutable: cannot set {}",
+            name.repr()?
+        )))
+    }
+
+    fn __delattr__(&self, name: &Bound<'_, PyAny>) -> PyResult<()> {
+        Err(PyAttributeError::new_err(format!(
+            "Distribution is immutable: cannot delete {}",
+            name.repr()?
+        )))
+    }
+
+    /// Pickled as before the type was native, `_restore(scale, count, ...)`,
+    /// so that pickles read across versions.
+    fn __reduce__<'py>(
+        slf: &Bound<'py, Self>,
+    ) -> PyResult<(Bound<'py, PyAny>, Bound<'py, PyTuple>)> {
+        let py = slf.py();
+        let this = slf.get();
+        let d = &this.inner;
+        let b = &d.buckets;
+        let restore = py.import("torchmon._distribution")?.getattr("_restore")?;
+        let fields = (
+            core::SCALE,
+            d.count,
+            d.sum,
+            d.min,
+            d.max,
+            b.zero_count,
+            b.nan_count,
+            b.positive_inf_count,
+            b.negative_inf_count,
+            this.side(py, 0)?,
+            this.side(py, 1)?,
+        );
+        Ok((restore, fields.into_pyobject(py)?))
+    }
+
+    fn __repr__(&self, py: Python<'_>) -> PyResult<String> {
+        let d = &self.inner;
+        let b = &d.buckets;
+        let mut parts = vec![
+            format!("count={}", d.count),
+            format!("sum={}", float_repr(py, d.sum)?),
+            format!("min={}", float_repr(py, d.min)?),
+            format!("max={}", float_repr(py, d.max)?),
+        ];
+        for (name, value) in [
+            ("zero_count", b.zero_count),
+            ("nan_count", b.nan_count),
+            ("positive_inf_count", b.positive_inf_count),
+            ("negative_inf_count", b.negative_inf_count),
+        ] {
+            if value != 0 {
+                parts.push(format!("{name}={value}"));
+            }
+        }
+        parts.push(format!("positive={} buckets", b.positive.len()));
+        parts.push(format!("negative={} buckets", b.negative.len()));
+        Ok(format!("Distribution({})", parts.join(", ")))
+    }
+
+    /// The buckets as an OpenTelemetry exponential histogram point holds
+    /// them with `max_size = max_buckets` (`histogram::Buckets::exponential`):
+    /// `(scale, positive offset, positive counts, negative offset, negative
+    /// counts)`.
+    fn _exponential(&self, max_buckets: &Bound<'_, PyInt>) -> (i32, i32, Vec<u64>, i32, Vec<u64>) {
+        let max_buckets = max_buckets.extract::<u64>().unwrap_or(u64::MAX);
+        let e = self.inner.buckets.exponential(max_buckets);
+        let (positive, negative) = (e.positive, e.negative);
+        (
+            e.scale,
+            positive.offset,
+            positive.counts,
+            negative.offset,
+            negative.counts,
+        )
+    }
+
+    // What python/torchmon/_distribution.py names for the Prometheus handler
+    // and the tests.
+
+    #[classattr]
+    const _MIN_INDEX: i32 = core::MIN_INDEX;
+    #[classattr]
+    const _MAX_INDEX: i32 = core::MAX_INDEX;
+
+    /// The bucket of `|value|` (finite, not zero).
+    #[staticmethod]
+    fn _bucket_index(value: f64) -> PyResult<i32> {
+        if value == 0.0 || !value.is_finite() {
+            let problem = format!("must be finite and not zero, got {value}");
+            return Err(arg_value_error(
+                "Distribution._bucket_index",
+                "value",
+                problem,
+            ));
+        }
+        Ok(core::bucket_index(value.abs().to_bits()))
+    }
+
+    /// The value a quantile reports for positive bucket `index`.
+    #[staticmethod]
+    fn _representative(index: i32) -> PyResult<f64> {
+        if !(core::MIN_INDEX..=core::MAX_INDEX).contains(&index) {
+            let problem = format!("must be in {}..{}", core::MIN_INDEX, core::MAX_INDEX);
+            return Err(arg_value_error(
+                "Distribution._representative",
+                "index",
+                problem,
+            ));
+        }
+        Ok(core::representative(index))
+    }
+
+    /// The largest double in bucket `index` or below (`histogram::bucket_upper`).
+    #[staticmethod]
+    fn _upper(index: i64) -> f64 {
+        core::bucket_upper(index)
+    }
+}
