@@ -3,15 +3,15 @@
 //! prometheus.py) that a scrape renders without holding the GIL.
 
 use parking_lot::Mutex;
-use pyo3::exceptions::{PyOSError, PyTypeError, PyValueError};
+use pyo3::exceptions::{PyOSError, PyValueError};
 use pyo3::prelude::*;
-use pyo3::types::{PyBytes, PyTuple};
+use pyo3::types::{PyBytes, PyList, PyString};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use std::time::Duration;
-use torchmon_core::prometheus::{ClassicLayout, Exposition};
-use torchmon_core::prometheus_server::{Format, Render, Server};
+use torchmon_core::prometheus::{ClassicLayout, Exposition, Reading, go_float};
+use torchmon_core::prometheus_server::{Format, Render, Server, accepts_protobuf};
 
 /// The outer lock is only ever taken while attached to Python and held for
 /// an `Arc` clone or swap, so on GIL builds no thread holds it at a fork.
@@ -25,8 +25,12 @@ pub struct _PrometheusExposition {
     /// The server of `serve`; like `state`, its lock is only taken while
     /// attached to Python, for a take or a put.
     server: Mutex<Option<Server>>,
-    /// The constructor's arguments, for the child's new state.
-    config: (Vec<(String, String)>, usize, Option<ClassicLayout>, bool),
+    /// Every `(name, help, histogram)` declared, in order, for the child's
+    /// new state (the exposition's own list may be copied locked); like
+    /// `state`, its lock is only taken while attached to Python.
+    declared: Mutex<Vec<(String, String, bool)>>,
+    /// The `le` label values of a histogram's buckets (`families`), made once.
+    le_texts: Vec<Py<PyString>>,
 }
 
 struct Shared {
@@ -73,81 +77,101 @@ impl Shared {
     }
 }
 
-fn clash(name: &str) -> PyErr {
-    PyValueError::new_err(format!(
-        "_PrometheusExposition: {name:?} is already a metric of the other kind"
-    ))
-}
-
-/// A `(index, count)` pair sequence of a Distribution (its `positive` or
-/// `negative`): a tuple of 2-tuples of ints.
-fn bucket_pairs(side: &Bound<'_, PyAny>) -> PyResult<Vec<(i32, u64)>> {
-    let side = side.cast::<PyTuple>().map_err(|_| {
-        PyTypeError::new_err("_PrometheusExposition.add_distribution: buckets must be a tuple")
-    })?;
-    let mut pairs = Vec::with_capacity(side.len());
-    for pair in side.iter() {
-        pairs.push(pair.extract::<(i32, u64)>()?);
-    }
-    Ok(pairs)
-}
-
 #[pymethods]
 impl _PrometheusExposition {
     /// `labels`: `(name, value)` pairs on every metric; `max_buckets`: the
-    /// bucket limit per native histogram; `classic`: `(shift, first, uppers)`
-    /// of the handler's classic layout (the text exposition's buckets);
-    /// `protobuf_classic`: the protobuf body carries them too.
+    /// bucket limit per native histogram; `classic`: `(per_octave, lo, hi)`
+    /// of the handler's classic layout (`ClassicLayout::new`: the text
+    /// exposition's and a collector's buckets); `protobuf_classic`: the
+    /// protobuf body carries them too.
     #[new]
     #[pyo3(signature = (labels, max_buckets, classic=None, protobuf_classic=false))]
     fn new(
+        py: Python<'_>,
         labels: Vec<(String, String)>,
         max_buckets: usize,
-        classic: Option<(u32, i32, Vec<f64>)>,
+        classic: Option<(u32, f64, f64)>,
         protobuf_classic: bool,
     ) -> PyResult<Self> {
-        // The handler passes its layout; anything else is refused here
+        // The handler checked its arguments; anything else is refused here
         // rather than met as a panic in a render.
-        if let Some((shift, _, uppers)) = &classic
-            && (*shift > 6 || uppers.is_empty())
-        {
-            return Err(PyValueError::new_err(
-                "_PrometheusExposition(classic): shift must be 0 to 6 and the bounds not empty",
-            ));
-        }
-        let classic = classic.map(|(shift, first, uppers)| ClassicLayout {
-            shift,
-            first,
-            uppers,
-        });
-        let config = (labels, max_buckets, classic, protobuf_classic);
+        let classic = match classic {
+            None => None,
+            Some((per_octave, lo, hi)) => {
+                Some(ClassicLayout::new(per_octave, lo, hi).ok_or_else(|| {
+                    PyValueError::new_err(
+                        "_PrometheusExposition(classic): per_octave must divide 64 and 0 < lo < hi, finite",
+                    )
+                })?)
+            }
+        };
+        let exposition = Exposition::new(labels, max_buckets, classic, protobuf_classic);
+        let le_text = |le| {
+            let mut text = String::new();
+            go_float(le, &mut text);
+            PyString::new(py, &text).unbind()
+        };
+        let le_texts = exposition
+            .bucket_bounds()
+            .into_iter()
+            .map(le_text)
+            .collect();
         Ok(_PrometheusExposition {
-            state: Mutex::new(Shared::new(Exposition::new(
-                config.0.clone(),
-                config.1,
-                config.2.clone(),
-                config.3,
-            ))),
+            state: Mutex::new(Shared::new(exposition)),
             closed: Arc::new(AtomicBool::new(false)),
             server: Mutex::new(None),
-            config,
+            declared: Mutex::new(Vec::new()),
+            le_texts,
         })
     }
 
-    /// Creates the gauge `name` (a no-op if it exists).
-    fn declare_gauge(&self, name: &str, help: &str) -> PyResult<()> {
-        self.state()
-            .exposition
-            .declare(name, help, false)
-            .map_err(|_| clash(name))
+    /// Whether a scrape with this `Accept` header gets protobuf (otherwise
+    /// text): the Rust server's negotiation, the one rule of every path.
+    #[staticmethod]
+    fn accepts_protobuf(accept: &str) -> bool {
+        accepts_protobuf(accept)
     }
 
-    /// Creates the histogram `name` (a no-op if it exists).
-    fn declare_histogram(&self, name: &str, help: &str) -> PyResult<()> {
-        self.state()
-            .exposition
-            .declare(name, help, true)
-            .map_err(|_| clash(name))
+    /// Creates the histogram (`histogram` true) or the gauge `name`; a
+    /// no-op if it exists with that kind.
+    fn declare(&self, name: &str, help: &str, histogram: bool) -> PyResult<()> {
+        let mut declared = self.declared.lock();
+        match self.state().exposition.declare(name, help, histogram) {
+            Ok(true) => declared.push((name.to_owned(), help.to_owned(), histogram)),
+            Ok(false) => {}
+            Err(_) => {
+                return Err(PyValueError::new_err(format!(
+                    "_PrometheusExposition: {name:?} is already a metric of the other kind"
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    /// Every metric as `(name, help, value, None)` for a gauge and `(name,
+    /// help, sum, [(le, cumulative count), ...])` for a histogram, read
+    /// detached from Python: what the handler's collector gives its
+    /// prometheus_client registry.
+    fn families<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
+        let state = self.state();
+        let readings = py.detach(|| state.exposition.snapshot());
+        let families = PyList::empty(py);
+        for (name, help, reading) in readings {
+            let family = match reading {
+                Reading::Gauge(value) => {
+                    (name, help, value, None::<Bound<PyList>>).into_pyobject(py)?
+                }
+                Reading::Histogram(counts, sum) => {
+                    // Without a layout only `+Inf`, the last text.
+                    let texts = &self.le_texts[self.le_texts.len() - counts.len()..];
+                    let buckets = texts.iter().map(|le| le.bind(py)).zip(counts);
+                    let buckets = PyList::new(py, buckets)?;
+                    (name, help, sum, Some(buckets)).into_pyobject(py)?
+                }
+            };
+            families.append(family)?;
+        }
+        Ok(families)
     }
 
     /// Sets a declared gauge; an undeclared name is ignored.
@@ -162,8 +186,10 @@ impl _PrometheusExposition {
         let zero: u64 = distribution.getattr("zero_count")?.extract()?;
         let positive_inf: u64 = distribution.getattr("positive_inf_count")?.extract()?;
         let negative_inf: u64 = distribution.getattr("negative_inf_count")?.extract()?;
-        let positive = bucket_pairs(&distribution.getattr("positive")?)?;
-        let negative = bucket_pairs(&distribution.getattr("negative")?)?;
+        // `(index, count)` pairs: any sequence of them, whichever
+        // Distribution (python/torchmon/_distribution.py or a native one).
+        let positive: Vec<(i32, u64)> = distribution.getattr("positive")?.extract()?;
+        let negative: Vec<(i32, u64)> = distribution.getattr("negative")?.extract()?;
         self.state().exposition.update_histogram(name, |histogram| {
             histogram.add_window(sum, zero, positive_inf, negative_inf, positive, negative);
         });
@@ -220,12 +246,6 @@ impl _PrometheusExposition {
         }
     }
 
-    /// The port served by `serve`, `None` if none.
-    #[getter]
-    fn server_port(&self) -> Option<u16> {
-        self.server.lock().as_ref().map(Server::port)
-    }
-
     /// Later renders return `None`; a render in progress completes first.
     fn close(&self, py: Python<'_>) {
         let state = self.state();
@@ -250,13 +270,7 @@ impl _PrometheusExposition {
         if let Some(server) = self.server.lock().take() {
             server.forget_in_child();
         }
-        let (labels, max_buckets, classic, protobuf_classic) = &self.config;
-        let fresh = Exposition::new(
-            labels.clone(),
-            *max_buckets,
-            classic.clone(),
-            *protobuf_classic,
-        );
+        let fresh = self.state().exposition.fresh(self.declared.lock().iter());
         *self.state.lock() = Shared::new(fresh);
     }
 }
