@@ -5,7 +5,7 @@
 use parking_lot::Mutex;
 use pyo3::exceptions::{PyOSError, PyValueError};
 use pyo3::prelude::*;
-use pyo3::types::{PyBytes, PyList, PyString};
+use pyo3::types::{PyBytes, PyList};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
@@ -29,8 +29,6 @@ pub struct _PrometheusExposition {
     /// new state (the exposition's own list may be copied locked); like
     /// `state`, its lock is only taken while attached to Python.
     declared: Mutex<Vec<(String, String, bool)>>,
-    /// The `le` label values of a histogram's buckets (`families`), made once.
-    le_texts: Vec<Py<PyString>>,
 }
 
 struct Shared {
@@ -87,7 +85,6 @@ impl _PrometheusExposition {
     #[new]
     #[pyo3(signature = (labels, max_buckets, classic=None, protobuf_classic=false))]
     fn new(
-        py: Python<'_>,
         labels: Vec<(String, String)>,
         max_buckets: usize,
         classic: Option<(u32, f64, f64)>,
@@ -106,22 +103,11 @@ impl _PrometheusExposition {
             }
         };
         let exposition = Exposition::new(labels, max_buckets, classic, protobuf_classic);
-        let le_text = |le| {
-            let mut text = String::new();
-            go_float(le, &mut text);
-            PyString::new(py, &text).unbind()
-        };
-        let le_texts = exposition
-            .bucket_bounds()
-            .into_iter()
-            .map(le_text)
-            .collect();
         Ok(_PrometheusExposition {
             state: Mutex::new(Shared::new(exposition)),
             closed: Arc::new(AtomicBool::new(false)),
             server: Mutex::new(None),
             declared: Mutex::new(Vec::new()),
-            le_texts,
         })
     }
 
@@ -149,29 +135,34 @@ impl _PrometheusExposition {
     }
 
     /// Every metric as `(name, help, value, None)` for a gauge and `(name,
-    /// help, sum, [(le, cumulative count), ...])` for a histogram, read
-    /// detached from Python: what the handler's collector gives its
+    /// help, sum, [cumulative count at each of le_texts])` for a histogram,
+    /// read detached from Python: what the handler's collector gives its
     /// prometheus_client registry.
     fn families<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
         let state = self.state();
         let readings = py.detach(|| state.exposition.snapshot());
         let families = PyList::empty(py);
         for (name, help, reading) in readings {
-            let family = match reading {
-                Reading::Gauge(value) => {
-                    (name, help, value, None::<Bound<PyList>>).into_pyobject(py)?
-                }
-                Reading::Histogram(counts, sum) => {
-                    // Without a layout only `+Inf`, the last text.
-                    let texts = &self.le_texts[self.le_texts.len() - counts.len()..];
-                    let buckets = texts.iter().map(|le| le.bind(py)).zip(counts);
-                    let buckets = PyList::new(py, buckets)?;
-                    (name, help, sum, Some(buckets)).into_pyobject(py)?
-                }
-            };
-            families.append(family)?;
+            families.append(match reading {
+                Reading::Gauge(value) => (name, help, value, None),
+                Reading::Histogram(counts, sum) => (name, help, sum, Some(counts)),
+            })?;
         }
         Ok(families)
+    }
+
+    /// The `le` label values of a histogram's buckets, ascending, as
+    /// prometheus_client writes them: `0.0`, the classic bounds, `+Inf`
+    /// (only `+Inf` without a layout).
+    #[getter]
+    fn le_texts(&self) -> Vec<String> {
+        let le_text = |le| {
+            let mut text = String::new();
+            go_float(le, &mut text);
+            text
+        };
+        let bounds = self.state().exposition.bucket_bounds();
+        bounds.into_iter().map(le_text).collect()
     }
 
     /// Sets a declared gauge; an undeclared name is ignored.

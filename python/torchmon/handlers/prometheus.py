@@ -15,7 +15,7 @@ import os
 import re
 import socket
 import weakref
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any, Callable
 
 from .._core import STAT_EVENT, Event, _PrometheusExposition
@@ -524,19 +524,20 @@ class _Collector:
     def describe(self) -> list[Metric]:
         return self.described
 
-    def collect(self) -> list[Metric]:
+    def collect(self) -> Iterator[Metric]:
+        """One family at a time, as the registry's renderers write them: a
+        family already written can be freed, not all held at once."""
         if self._native is None:
-            return []
+            return
         names, values = list(self._labels), list(self._labels.values())
-        families = []
-        for name, help_text, value, buckets in self._native.families():
-            family: Any = self.family(name, help_text, names, buckets is not None)
-            if buckets is None:
+        le_texts = self._native.le_texts
+        for name, help_text, value, counts in self._native.families():
+            family: Any = self.family(name, help_text, names, counts is not None)
+            if counts is None:
                 family.add_metric(values, value)
             else:  # every bound is >= 0: _count (+Inf's count) and _sum are written too
-                family.add_metric(values, buckets, value)
-            families.append(family)
-        return families
+                family.add_metric(values, list(zip(le_texts, counts)), value)
+            yield family
 
 
 # --- serving ----------------------------------------------------------------------
