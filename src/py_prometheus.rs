@@ -11,7 +11,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use std::time::Duration;
 use torchmon_core::prometheus::{ClassicLayout, Exposition, Reading, go_float};
-use torchmon_core::prometheus_server::{Format, Render, Server, accepts_protobuf};
+use torchmon_core::prometheus_server::{
+    Format, Limits, MAX_HEAD, Render, Server, accepts_protobuf,
+};
 
 /// The outer lock is only ever taken while attached to Python and held for
 /// an `Arc` clone or swap, so on GIL builds no thread holds it at a fork.
@@ -109,6 +111,23 @@ impl _PrometheusExposition {
             server: Mutex::new(None),
             declared: Mutex::new(Vec::new()),
         })
+    }
+
+    /// The Rust server's bounds on slow clients (`Limits::default()`),
+    /// which the Python server of `serve(registry=...)` keeps too:
+    /// `(max_connections, head_deadline, response_deadline, max_rejecting,
+    /// reject_deadline, max_head)`, deadlines in seconds.
+    #[staticmethod]
+    fn limits() -> (usize, f64, f64, usize, f64, usize) {
+        let limits = Limits::default();
+        (
+            limits.max_connections,
+            limits.head_deadline.as_secs_f64(),
+            limits.response_deadline.as_secs_f64(),
+            limits.max_rejecting,
+            limits.reject_deadline.as_secs_f64(),
+            MAX_HEAD,
+        )
     }
 
     /// Whether a scrape with this `Accept` header gets protobuf (otherwise

@@ -51,7 +51,7 @@ pub const PROTOBUF_CONTENT_TYPE: &str =
 pub type Render = dyn Fn(Format) -> Option<Vec<u8>> + Send + Sync;
 
 /// A request head larger than this is refused (a scrape's is a few hundred bytes).
-const MAX_HEAD: usize = 16 * 1024;
+pub const MAX_HEAD: usize = 16 * 1024;
 /// How often the accepting thread looks at the stop flag while idle.
 const POLL_MS: i32 = 100;
 

@@ -625,16 +625,18 @@ def _start_server(
     return httpd, thread
 
 
-# The bounds of crates/torchmon-core/src/prometheus_server.rs's `Limits`
-# (docs/sinks.md, "Serving"): connection threads at once, the whole request
-# head, the whole response, and the threads that read a head only to
-# answer 503 and their deadline.
-_MAX_CONNECTIONS = 64
-_HEAD_DEADLINE = 5.0
-_RESPONSE_DEADLINE = 10.0
-_MAX_REJECTING = 8
-_REJECT_DEADLINE = 1.0
-_MAX_HEAD = 16 * 1024
+# The Rust server's bounds on slow clients (docs/sinks.md, "Serving"):
+# connection threads at once, the whole request head, the whole response,
+# the threads that read a head only to answer 503 and their deadline, and
+# the largest head.
+(
+    _MAX_CONNECTIONS,
+    _HEAD_DEADLINE,
+    _RESPONSE_DEADLINE,
+    _MAX_REJECTING,
+    _REJECT_DEADLINE,
+    _MAX_HEAD,
+) = _PrometheusExposition.limits()
 
 # What a tracked connection's thread is doing (the Rust server's `Phase`).
 _HEAD, _ANSWERING, _REJECTING, _EVICTED = "head", "answering", "rejecting", "evicted"
