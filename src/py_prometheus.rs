@@ -5,12 +5,11 @@
 use parking_lot::Mutex;
 use pyo3::exceptions::{PyOSError, PyValueError};
 use pyo3::prelude::*;
-use pyo3::types::{PyBytes, PyList};
+use pyo3::types::PyBytes;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-
 use std::time::Duration;
-use torchmon_core::prometheus::{ClassicLayout, Exposition, Reading, go_float};
+use torchmon_core::prometheus::{ClassicLayout, Exposition, Reading};
 use torchmon_core::prometheus_server::{
     Format, Limits, MAX_HEAD, Render, Server, accepts_protobuf,
 };
@@ -27,9 +26,8 @@ pub struct _PrometheusExposition {
     /// The server of `serve`; like `state`, its lock is only taken while
     /// attached to Python, for a take or a put.
     server: Mutex<Option<Server>>,
-    /// Every `(name, help, histogram)` declared, in order, for the child's
-    /// new state (the exposition's own list may be copied locked); like
-    /// `state`, its lock is only taken while attached to Python.
+    /// Every `(name, help, histogram)` declared, for a forked child's new
+    /// state; like `state`, its lock is only taken while attached to Python.
     declared: Mutex<Vec<(String, String, bool)>>,
 }
 
@@ -40,15 +38,6 @@ struct Shared {
     closing: Mutex<()>,
 }
 
-impl Shared {
-    fn new(exposition: Exposition) -> Arc<Shared> {
-        Arc::new(Shared {
-            exposition,
-            closing: Mutex::new(()),
-        })
-    }
-}
-
 impl _PrometheusExposition {
     fn state(&self) -> Arc<Shared> {
         self.state.lock().clone()
@@ -56,6 +45,14 @@ impl _PrometheusExposition {
 }
 
 impl Shared {
+    fn new(exposition: Exposition) -> Arc<Shared> {
+        let closing = Mutex::new(());
+        Arc::new(Shared {
+            exposition,
+            closing,
+        })
+    }
+
     /// A scrape's body, or `None` once closed; never attached to Python.
     fn render(&self, closed: &AtomicBool, format: Format) -> Option<Vec<u8>> {
         let _not_closing = self.closing.lock();
@@ -94,15 +91,12 @@ impl _PrometheusExposition {
     ) -> PyResult<Self> {
         // The handler checked its arguments; anything else is refused here
         // rather than met as a panic in a render.
-        let classic = match classic {
-            None => None,
-            Some((per_octave, lo, hi)) => {
-                Some(ClassicLayout::new(per_octave, lo, hi).ok_or_else(|| {
-                    PyValueError::new_err(
-                        "_PrometheusExposition(classic): per_octave must divide 64 and 0 < lo < hi, finite",
-                    )
-                })?)
-            }
+        let layout = |(per_octave, lo, hi)| ClassicLayout::new(per_octave, lo, hi);
+        let classic = match classic.map(layout) {
+            Some(None) => Err(PyValueError::new_err(
+                "_PrometheusExposition(classic): per_octave must divide 64 and 0 < lo < hi < inf",
+            ))?,
+            layout => layout.flatten(),
         };
         let exposition = Exposition::new(labels, max_buckets, classic, protobuf_classic);
         Ok(_PrometheusExposition {
@@ -113,10 +107,9 @@ impl _PrometheusExposition {
         })
     }
 
-    /// The Rust server's bounds on slow clients (`Limits::default()`),
-    /// which the Python server of `serve(registry=...)` keeps too:
-    /// `(max_connections, head_deadline, response_deadline, max_rejecting,
-    /// reject_deadline, max_head)`, deadlines in seconds.
+    /// The Rust server's bounds on slow clients, which the Python server of
+    /// `serve(registry=...)` keeps too: `Limits::default()`'s fields in
+    /// order, deadlines in seconds, and `MAX_HEAD`.
     #[staticmethod]
     fn limits() -> (usize, f64, f64, usize, f64, usize) {
         let limits = Limits::default();
@@ -141,14 +134,12 @@ impl _PrometheusExposition {
     /// no-op if it exists with that kind.
     fn declare(&self, name: &str, help: &str, histogram: bool) -> PyResult<()> {
         let mut declared = self.declared.lock();
-        match self.state().exposition.declare(name, help, histogram) {
-            Ok(true) => declared.push((name.to_owned(), help.to_owned(), histogram)),
-            Ok(false) => {}
-            Err(_) => {
-                return Err(PyValueError::new_err(format!(
-                    "_PrometheusExposition: {name:?} is already a metric of the other kind"
-                )));
-            }
+        let created = (self.state().exposition.declare(name, help, histogram)).map_err(|_| {
+            let message = format!("_PrometheusExposition: {name:?} is already of the other kind");
+            PyValueError::new_err(message)
+        })?;
+        if created {
+            declared.push((name.to_owned(), help.to_owned(), histogram));
         }
         Ok(())
     }
@@ -157,31 +148,20 @@ impl _PrometheusExposition {
     /// help, sum, [cumulative count at each of le_texts])` for a histogram,
     /// read detached from Python: what the handler's collector gives its
     /// prometheus_client registry.
-    fn families<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
+    fn families(&self, py: Python<'_>) -> Vec<(String, String, f64, Option<Vec<u64>>)> {
         let state = self.state();
         let readings = py.detach(|| state.exposition.snapshot());
-        let families = PyList::empty(py);
-        for (name, help, reading) in readings {
-            families.append(match reading {
-                Reading::Gauge(value) => (name, help, value, None),
-                Reading::Histogram(counts, sum) => (name, help, sum, Some(counts)),
-            })?;
-        }
-        Ok(families)
+        let family = |(name, help, reading)| match reading {
+            Reading::Gauge(value) => (name, help, value, None),
+            Reading::Histogram(counts, sum) => (name, help, sum, Some(counts)),
+        };
+        readings.into_iter().map(family).collect()
     }
 
-    /// The `le` label values of a histogram's buckets, ascending, as
-    /// prometheus_client writes them: `0.0`, the classic bounds, `+Inf`
-    /// (only `+Inf` without a layout).
+    /// The `le` label values of a histogram's buckets (`Exposition::le_texts`).
     #[getter]
     fn le_texts(&self) -> Vec<String> {
-        let le_text = |le| {
-            let mut text = String::new();
-            go_float(le, &mut text);
-            text
-        };
-        let bounds = self.state().exposition.bucket_bounds();
-        bounds.into_iter().map(le_text).collect()
+        self.state().exposition.le_texts()
     }
 
     /// Sets a declared gauge; an undeclared name is ignored.
@@ -206,21 +186,19 @@ impl _PrometheusExposition {
         Ok(())
     }
 
-    /// Every metric as length-delimited protobuf `MetricFamily` messages,
-    /// rendered detached from Python (the GIL is held only to take the state
-    /// and to make the bytes); `None` once closed.
-    fn render_protobuf<'py>(&self, py: Python<'py>) -> Option<Bound<'py, PyBytes>> {
+    /// Every metric as length-delimited protobuf `MetricFamily` messages
+    /// (`protobuf`) or as the text exposition (format 0.0.4, byte for byte
+    /// prometheus_client's for the handler's registry), rendered detached
+    /// from Python (the GIL is held only to take the state and to make the
+    /// bytes); `None` once closed.
+    fn render<'py>(&self, py: Python<'py>, protobuf: bool) -> Option<Bound<'py, PyBytes>> {
         let state = self.state();
-        let body = py.detach(|| state.render(&self.closed, Format::Protobuf))?;
-        Some(PyBytes::new(py, &body))
-    }
-
-    /// The text exposition (format 0.0.4) of every metric, byte for byte
-    /// prometheus_client's for the handler's registry, rendered detached
-    /// from Python like `render_protobuf`; `None` once closed.
-    fn render_text<'py>(&self, py: Python<'py>) -> Option<Bound<'py, PyBytes>> {
-        let state = self.state();
-        let body = py.detach(|| state.render(&self.closed, Format::Text))?;
+        let format = if protobuf {
+            Format::Protobuf
+        } else {
+            Format::Text
+        };
+        let body = py.detach(|| state.render(&self.closed, format))?;
         Some(PyBytes::new(py, &body))
     }
 
@@ -265,18 +243,12 @@ impl _PrometheusExposition {
         });
     }
 
-    #[getter]
-    fn closed(&self) -> bool {
-        self.closed.load(Ordering::Acquire)
-    }
-
     /// In a forked child: a new, empty state (the parent's may have been
     /// copied locked by a render on another thread; a child serves nothing
     /// of the parent's).
     fn _after_fork_in_child(&self) {
-        // The server's threads are the parent's: the child closes its
-        // copies of the listening socket and of the connections, and
-        // forgets the rest.
+        // The server's threads are the parent's: the child closes its copies
+        // of the listening socket and of the connections, and forgets the rest.
         if let Some(server) = self.server.lock().take() {
             server.forget_in_child();
         }

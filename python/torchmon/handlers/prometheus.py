@@ -336,9 +336,9 @@ class PrometheusEventHandler(ClosesOnExit):
         :meth:`serve` handler's own registry is rendered in Rust without the
         GIL too (the same bytes). ``None`` once closed."""
         if _PrometheusExposition.accepts_protobuf(accept or ""):
-            body = self._native.render_protobuf()
+            body = self._native.render(protobuf=True)
             return None if body is None else (PROTOBUF_CONTENT_TYPE, body)
-        if self._native.closed:
+        if self._closed:
             return None
         # The one place prometheus_client renders: OpenMetrics, and a
         # registry that may hold other collectors (docs/sinks.md, "Serving").
@@ -346,7 +346,7 @@ class PrometheusEventHandler(ClosesOnExit):
 
         encoder, content_type = choose_encoder(accept or "")
         if self._text_from_core and encoder is generate_latest:
-            body = self._native.render_text()
+            body = self._native.render(protobuf=False)
             return None if body is None else (content_type, body)
         return content_type, encoder(self._registry)
 

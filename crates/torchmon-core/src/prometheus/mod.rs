@@ -63,7 +63,7 @@ pub struct Exposition {
 #[derive(Clone, Debug, PartialEq)]
 pub enum Reading {
     Gauge(f64),
-    /// Cumulative counts at `Exposition::bucket_bounds`, and the sum.
+    /// Cumulative counts at `Exposition::le_texts`, and the sum.
     Histogram(Vec<u64>, f64),
 }
 
@@ -199,16 +199,19 @@ impl Exposition {
             .collect()
     }
 
-    /// A histogram's `le` bounds, ascending: `0.0`, the classic bounds and
-    /// `+Inf`, or only `+Inf` without a layout.
-    pub fn bucket_bounds(&self) -> Vec<f64> {
-        match &self.classic {
-            Some(layout) => std::iter::once(0.0)
-                .chain(layout.uppers.iter().copied())
-                .chain(std::iter::once(f64::INFINITY))
-                .collect(),
-            None => vec![f64::INFINITY],
-        }
+    /// A histogram's `le` label values as prometheus_client writes them,
+    /// ascending: `0.0`, the classic bounds and `+Inf`, or only `+Inf`
+    /// without a layout.
+    pub fn le_texts(&self) -> Vec<String> {
+        let uppers = self.classic.iter().flat_map(|layout| &layout.uppers);
+        let bounds = self.classic.iter().map(|_| 0.0).chain(uppers.copied());
+        (bounds.chain([f64::INFINITY]))
+            .map(|le| {
+                let mut text = String::new();
+                go_float(le, &mut text);
+                text
+            })
+            .collect()
     }
 
     pub fn len(&self) -> usize {
@@ -244,7 +247,7 @@ mod tests {
     fn a_snapshot_reads_every_metric_in_declared_order_and_a_fresh_one_nothing() {
         let layout = ClassicLayout::new(1, 1.0, 2.0).unwrap();
         let e = Exposition::new(vec![], 160, Some(layout), false);
-        assert_eq!(e.bucket_bounds(), [0.0, 1.0, 2.0, f64::INFINITY]);
+        assert_eq!(e.le_texts(), ["0.0", "1.0", "2.0", "+Inf"]);
         e.declare("h", "hist", true).unwrap();
         e.declare("g", "gauge", false).unwrap();
         e.set_gauge("g", 2.5);
@@ -264,14 +267,14 @@ mod tests {
         let _held = e.families.lock(); // as a fork may copy it
         let declared = [("h".to_owned(), "hist".to_owned(), true)];
         let fresh = e.fresh(&declared);
-        assert_eq!(fresh.bucket_bounds(), e.bucket_bounds());
+        assert_eq!(fresh.le_texts(), e.le_texts());
         assert_eq!(
             fresh.snapshot()[0].2,
             Reading::Histogram(vec![0, 0, 0, 0], 0.0)
         );
         let bare = Exposition::new(vec![], 160, None, false);
         bare.declare("h", "hist", true).unwrap();
-        assert_eq!(bare.bucket_bounds(), [f64::INFINITY]);
+        assert_eq!(bare.le_texts(), ["+Inf"]);
         assert_eq!(bare.snapshot()[0].2, Reading::Histogram(vec![0], 0.0));
     }
 }
