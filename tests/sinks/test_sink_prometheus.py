@@ -229,6 +229,36 @@ def test_a_name_the_handler_holds_is_refused_to_a_later_collector() -> None:
     prometheus_client.Gauge("lat_histogram_count", "free once closed", registry=registry)
 
 
+def test_a_name_taken_while_the_collector_is_registered_again_keeps_the_older_names() -> None:
+    """docs/sinks.md, "One owner per name": another thread registering one
+    of an event's new names between the two calls that register the
+    handler's collector again gets it; the event raises ValueError, the
+    collector keeps the names, and values, it held before, and the name
+    taken is refused again to later events, as any name taken."""
+
+    class Racing(CollectorRegistry):
+        def unregister(self, collector: Any) -> None:
+            super().unregister(collector)
+            names = [family.name for family in collector.describe()]
+            if names[:2] == ["a_sum", "b_sum"] and not taken:  # the second event's take-over
+                taken.append(prometheus_client.Gauge("b_sum", "the racer's", registry=self))
+
+    taken: list[Any] = []
+    registry = Racing()
+    with PrometheusEventHandler(registry=registry) as sink:
+        sink(Event(torchmon.STAT_EVENT, datetime.now(), {"a.sum": 1.0}))
+        with pytest.raises(ValueError, match="b_sum"):
+            sink(Event(torchmon.STAT_EVENT, datetime.now(), {"b.sum": 2.0}))
+        assert taken and registry.get_sample_value("a_sum") == 1.0
+        # The racer's series only, not a second one from the handler.
+        assert prometheus_client.generate_latest(registry).count(b"\nb_sum ") == 1
+        with pytest.raises(ValueError, match="Duplicated"):
+            prometheus_client.Gauge("a_sum", "held by the handler", registry=registry)
+        with pytest.raises(ValueError, match="cannot create the gauge 'b_sum'"):
+            sink(Event(torchmon.STAT_EVENT, datetime.now(), {"b.sum": 3.0}))
+        assert registry.get_sample_value("b_sum") == 0.0
+
+
 def test_closed_handler_raises() -> None:
     sink = PrometheusEventHandler(registry=CollectorRegistry())
     sink.close()

@@ -470,7 +470,10 @@ class PrometheusEventHandler(ClosesOnExit):
         except ValueError:
             # Another thread registered one of the new names between the two
             # calls (prometheus_client has no atomic swap): the collector
-            # keeps the names it held before.
+            # keeps the names it held before, and the event's are first seen
+            # again by the next event that has them.
+            for family in collector.described[-taken:]:
+                del self._sources[family.name]
             del collector.described[-taken:]
             registry.register(collector)
             raise
@@ -501,7 +504,8 @@ class PrometheusEventHandler(ClosesOnExit):
 class _Collector:
     """The one collector of a handler in its registry: the native state's
     families, read when the registry is collected (docs/sinks.md,
-    "Prometheus"); ``described`` are the names it holds there. One without
+    "Prometheus"); ``described`` are the names it holds there, the only
+    ones it collects. One without
     a state holds a metric's names from its first sight to the end of the
     event that declared it (``PrometheusEventHandler._declare``)."""
 
@@ -531,7 +535,10 @@ class _Collector:
             return
         names, values = list(self._labels), list(self._labels.values())
         le_texts = self._native.le_texts
+        held = {family.name for family in self.described}
         for name, help_text, value, counts in self._native.families():
+            if name not in held:  # not the registry's yet, or taken by another
+                continue
             family: Any = self.family(name, help_text, names, counts is not None)
             if counts is None:
                 family.add_metric(values, value)
