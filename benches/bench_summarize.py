@@ -7,8 +7,11 @@ stored, as ``JsonlEventHandler(distributions=True)`` writes them, and an
 epoch event now and then), runs each command on each as a subprocess, and
 prints its wall and CPU seconds (user + system: the wall time of a shared
 machine depends on its load) and peak RSS (from ``os.wait4``, that child
-alone). In the same run, the floor: a bare Python loop that only
-``json.loads`` every line of the same file.
+alone), the medians of ``--repeats`` runs (the commands take turns, so that a
+change of load hits each alike). In the same run, the floor: a bare Python
+loop that only ``json.loads`` every line of the same file; each command's CPU
+seconds over the floor's is its ratio (docs/performance.md: ``torchmon
+summarize`` at most 1.0).
 
     .venv/bin/python benches/bench_summarize.py                 # 50 MB and 500 MB
     .venv/bin/python benches/bench_summarize.py --quick         # 5 MB, a few seconds
@@ -21,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -104,16 +108,17 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="one 5 MB log")
     parser.add_argument("--commands", default="floor,summarize,to-tensorboard")
     parser.add_argument("--pythonpath", help="PYTHONPATH for the torchmon commands (a baseline)")
+    parser.add_argument("--repeats", type=int, default=5, help="runs per command (default 5)")
     args = parser.parse_args()
     sizes = [5] if args.quick else [int(s) for s in args.sizes.split(",")]
     commands = args.commands.split(",")
-    torchmon_cmd = [sys.executable, "-m", "torchmon"]
     print(f"Python {sys.version.split()[0]}; {os.cpu_count()} CPUs; PYTHONPATH={args.pythonpath}")
     print(f"load average before: {os.getloadavg()[0]:.1f}")
     print(
-        "| log | lines | command | wall s | CPU s | MB per CPU s | peak RSS MB | RSS / log size |"
+        "| log | lines | command | wall s | CPU s | MB per CPU s | peak RSS MB | RSS / log size "
+        "| CPU / floor |"
     )
-    print("| ---: | ---: | --- | ---: | ---: | ---: | ---: | ---: |")
+    print("| ---: | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: |")
     with tempfile.TemporaryDirectory(prefix="bench-summarize-") as tmp:
         directory = Path(tmp)
         lines = template_lines(directory)
@@ -121,25 +126,38 @@ def main() -> None:
             log = directory / f"log-{megabytes}mb.jsonl"
             count = write_log(log, lines, megabytes)
             size_mb = log.stat().st_size / 1e6
+            runs: dict[str, list[tuple[float, float, float, int]]] = {c: [] for c in commands}
+            for _ in range(max(1, args.repeats)):
+                for command in commands:
+                    argv = argv_for(command, log, directory, megabytes)
+                    path = None if command == "floor" else args.pythonpath
+                    runs[command].append(run(argv, path))
+            floor = statistics.median(r[1] for r in runs["floor"]) if "floor" in runs else None
             for command in commands:
-                if command == "floor":
-                    argv = [sys.executable, "-c", FLOOR, str(log)]
-                elif command == "summarize":
-                    argv = [*torchmon_cmd, "summarize", str(log)]
-                elif command == "to-tensorboard":
-                    out = directory / f"tb-{megabytes}"
-                    argv = [*torchmon_cmd, "to-tensorboard", str(log), str(out)]
-                else:
-                    raise SystemExit(f"unknown command {command!r}")
-                path = None if command == "floor" else args.pythonpath
-                seconds, cpu, rss, code = run(argv, path)
-                status = "" if code == 0 else f" (exit {code})"
+                seconds = statistics.median(r[0] for r in runs[command])
+                cpu = statistics.median(r[1] for r in runs[command])
+                rss = max(r[2] for r in runs[command])
+                codes = {r[3] for r in runs[command]} - {0}
+                status = f" (exit {sorted(codes)})" if codes else ""
+                ratio = f"{cpu / floor:.2f}" if floor else "-"
                 print(
-                    f"| {size_mb:.0f} MB | {count:,} | {command}{status} | {seconds:.1f} | "
-                    f"{cpu:.1f} | {size_mb / cpu:.1f} | {rss:.0f} | {rss / size_mb:.2f} |",
+                    f"| {size_mb:.0f} MB | {count:,} | {command}{status} | {seconds:.2f} | "
+                    f"{cpu:.2f} | {size_mb / cpu:.1f} | {rss:.0f} | {rss / size_mb:.2f} "
+                    f"| {ratio} |",
                     flush=True,
                 )
             log.unlink()
+
+
+def argv_for(command: str, log: Path, directory: Path, megabytes: int) -> list[str]:
+    torchmon_cmd = [sys.executable, "-m", "torchmon"]
+    if command == "floor":
+        return [sys.executable, "-c", FLOOR, str(log)]
+    if command == "summarize":
+        return [*torchmon_cmd, "summarize", str(log)]
+    if command == "to-tensorboard":
+        return [*torchmon_cmd, "to-tensorboard", str(log), str(directory / f"tb-{megabytes}")]
+    raise SystemExit(f"unknown command {command!r}")
 
 
 if __name__ == "__main__":

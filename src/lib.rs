@@ -20,6 +20,7 @@ mod py_prometheus;
 mod py_registry;
 mod py_stat;
 mod py_stat_args;
+mod py_summary;
 mod py_torch_wait_counters;
 mod py_window_event;
 
@@ -64,6 +65,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<EventHandlerHandle>()?;
     m.add_class::<Stat>()?;
     m.add_class::<crate::py_prometheus::_PrometheusExposition>()?;
+    m.add_class::<crate::py_summary::_Summary>()?;
     m.add_function(wrap_pyfunction!(_close_async_handlers_at_exit, m)?)?;
     m.add_function(wrap_pyfunction!(_restart_async_handlers_after_fork, m)?)?;
     m.add_function(wrap_pyfunction!(_drain_async_handlers, m)?)?;

@@ -3,15 +3,16 @@
 //! prometheus.py) that a scrape renders without holding the GIL.
 
 use parking_lot::Mutex;
-use pyo3::exceptions::{PyOSError, PyTypeError, PyValueError};
+use pyo3::exceptions::{PyOSError, PyValueError};
 use pyo3::prelude::*;
-use pyo3::types::{PyBytes, PyTuple};
+use pyo3::types::PyBytes;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-
 use std::time::Duration;
-use torchmon_core::prometheus::{ClassicLayout, Exposition};
-use torchmon_core::prometheus_server::{Format, Render, Server};
+use torchmon_core::prometheus::{ClassicLayout, Exposition, Reading};
+use torchmon_core::prometheus_server::{
+    Format, Limits, MAX_HEAD, Render, Server, accepts_protobuf,
+};
 
 /// The outer lock is only ever taken while attached to Python and held for
 /// an `Arc` clone or swap, so on GIL builds no thread holds it at a fork.
@@ -25,8 +26,9 @@ pub struct _PrometheusExposition {
     /// The server of `serve`; like `state`, its lock is only taken while
     /// attached to Python, for a take or a put.
     server: Mutex<Option<Server>>,
-    /// The constructor's arguments, for the child's new state.
-    config: (Vec<(String, String)>, usize, Option<ClassicLayout>, bool),
+    /// Every `(name, help, histogram)` declared, for a forked child's new
+    /// state; like `state`, its lock is only taken while attached to Python.
+    declared: Mutex<Vec<(String, String, bool)>>,
 }
 
 struct Shared {
@@ -36,15 +38,6 @@ struct Shared {
     closing: Mutex<()>,
 }
 
-impl Shared {
-    fn new(exposition: Exposition) -> Arc<Shared> {
-        Arc::new(Shared {
-            exposition,
-            closing: Mutex::new(()),
-        })
-    }
-}
-
 impl _PrometheusExposition {
     fn state(&self) -> Arc<Shared> {
         self.state.lock().clone()
@@ -52,6 +45,14 @@ impl _PrometheusExposition {
 }
 
 impl Shared {
+    fn new(exposition: Exposition) -> Arc<Shared> {
+        let closing = Mutex::new(());
+        Arc::new(Shared {
+            exposition,
+            closing,
+        })
+    }
+
     /// A scrape's body, or `None` once closed; never attached to Python.
     fn render(&self, closed: &AtomicBool, format: Format) -> Option<Vec<u8>> {
         let _not_closing = self.closing.lock();
@@ -73,81 +74,94 @@ impl Shared {
     }
 }
 
-fn clash(name: &str) -> PyErr {
-    PyValueError::new_err(format!(
-        "_PrometheusExposition: {name:?} is already a metric of the other kind"
-    ))
-}
-
-/// A `(index, count)` pair sequence of a Distribution (its `positive` or
-/// `negative`): a tuple of 2-tuples of ints.
-fn bucket_pairs(side: &Bound<'_, PyAny>) -> PyResult<Vec<(i32, u64)>> {
-    let side = side.cast::<PyTuple>().map_err(|_| {
-        PyTypeError::new_err("_PrometheusExposition.add_distribution: buckets must be a tuple")
-    })?;
-    let mut pairs = Vec::with_capacity(side.len());
-    for pair in side.iter() {
-        pairs.push(pair.extract::<(i32, u64)>()?);
-    }
-    Ok(pairs)
-}
-
 #[pymethods]
 impl _PrometheusExposition {
     /// `labels`: `(name, value)` pairs on every metric; `max_buckets`: the
-    /// bucket limit per native histogram; `classic`: `(shift, first, uppers)`
-    /// of the handler's classic layout (the text exposition's buckets);
-    /// `protobuf_classic`: the protobuf body carries them too.
+    /// bucket limit per native histogram; `classic`: `(per_octave, lo, hi)`
+    /// of the handler's classic layout (`ClassicLayout::new`: the text
+    /// exposition's and a collector's buckets); `protobuf_classic`: the
+    /// protobuf body carries them too.
     #[new]
     #[pyo3(signature = (labels, max_buckets, classic=None, protobuf_classic=false))]
     fn new(
         labels: Vec<(String, String)>,
         max_buckets: usize,
-        classic: Option<(u32, i32, Vec<f64>)>,
+        classic: Option<(u32, f64, f64)>,
         protobuf_classic: bool,
     ) -> PyResult<Self> {
-        // The handler passes its layout; anything else is refused here
+        // The handler checked its arguments; anything else is refused here
         // rather than met as a panic in a render.
-        if let Some((shift, _, uppers)) = &classic
-            && (*shift > 6 || uppers.is_empty())
-        {
-            return Err(PyValueError::new_err(
-                "_PrometheusExposition(classic): shift must be 0 to 6 and the bounds not empty",
-            ));
-        }
-        let classic = classic.map(|(shift, first, uppers)| ClassicLayout {
-            shift,
-            first,
-            uppers,
-        });
-        let config = (labels, max_buckets, classic, protobuf_classic);
+        let layout = |(per_octave, lo, hi)| ClassicLayout::new(per_octave, lo, hi);
+        let classic = match classic.map(layout) {
+            Some(None) => Err(PyValueError::new_err(
+                "_PrometheusExposition(classic): per_octave must divide 64 and 0 < lo < hi < inf",
+            ))?,
+            layout => layout.flatten(),
+        };
+        let exposition = Exposition::new(labels, max_buckets, classic, protobuf_classic);
         Ok(_PrometheusExposition {
-            state: Mutex::new(Shared::new(Exposition::new(
-                config.0.clone(),
-                config.1,
-                config.2.clone(),
-                config.3,
-            ))),
+            state: Mutex::new(Shared::new(exposition)),
             closed: Arc::new(AtomicBool::new(false)),
             server: Mutex::new(None),
-            config,
+            declared: Mutex::new(Vec::new()),
         })
     }
 
-    /// Creates the gauge `name` (a no-op if it exists).
-    fn declare_gauge(&self, name: &str, help: &str) -> PyResult<()> {
-        self.state()
-            .exposition
-            .declare(name, help, false)
-            .map_err(|_| clash(name))
+    /// The Rust server's bounds on slow clients, which the Python server of
+    /// `serve(registry=...)` keeps too: `Limits::default()`'s fields in
+    /// order, deadlines in seconds, and `MAX_HEAD`.
+    #[staticmethod]
+    fn limits() -> (usize, f64, f64, usize, f64, usize) {
+        let limits = Limits::default();
+        (
+            limits.max_connections,
+            limits.head_deadline.as_secs_f64(),
+            limits.response_deadline.as_secs_f64(),
+            limits.max_rejecting,
+            limits.reject_deadline.as_secs_f64(),
+            MAX_HEAD,
+        )
     }
 
-    /// Creates the histogram `name` (a no-op if it exists).
-    fn declare_histogram(&self, name: &str, help: &str) -> PyResult<()> {
-        self.state()
-            .exposition
-            .declare(name, help, true)
-            .map_err(|_| clash(name))
+    /// Whether a scrape with this `Accept` header gets protobuf (otherwise
+    /// text): the Rust server's negotiation, the one rule of every path.
+    #[staticmethod]
+    fn accepts_protobuf(accept: &str) -> bool {
+        accepts_protobuf(accept)
+    }
+
+    /// Creates the histogram (`histogram` true) or the gauge `name`; a
+    /// no-op if it exists with that kind.
+    fn declare(&self, name: &str, help: &str, histogram: bool) -> PyResult<()> {
+        let mut declared = self.declared.lock();
+        let created = (self.state().exposition.declare(name, help, histogram)).map_err(|_| {
+            let message = format!("_PrometheusExposition: {name:?} is already of the other kind");
+            PyValueError::new_err(message)
+        })?;
+        if created {
+            declared.push((name.to_owned(), help.to_owned(), histogram));
+        }
+        Ok(())
+    }
+
+    /// Every metric as `(name, help, value, None)` for a gauge and `(name,
+    /// help, sum, [cumulative count at each of le_texts])` for a histogram,
+    /// read detached from Python: what the handler's collector gives its
+    /// prometheus_client registry.
+    fn families(&self, py: Python<'_>) -> Vec<(String, String, f64, Option<Vec<u64>>)> {
+        let state = self.state();
+        let readings = py.detach(|| state.exposition.snapshot());
+        let family = |(name, help, reading)| match reading {
+            Reading::Gauge(value) => (name, help, value, None),
+            Reading::Histogram(counts, sum) => (name, help, sum, Some(counts)),
+        };
+        readings.into_iter().map(family).collect()
+    }
+
+    /// The `le` label values of a histogram's buckets (`Exposition::le_texts`).
+    #[getter]
+    fn le_texts(&self) -> Vec<String> {
+        self.state().exposition.le_texts()
     }
 
     /// Sets a declared gauge; an undeclared name is ignored.
@@ -162,29 +176,29 @@ impl _PrometheusExposition {
         let zero: u64 = distribution.getattr("zero_count")?.extract()?;
         let positive_inf: u64 = distribution.getattr("positive_inf_count")?.extract()?;
         let negative_inf: u64 = distribution.getattr("negative_inf_count")?.extract()?;
-        let positive = bucket_pairs(&distribution.getattr("positive")?)?;
-        let negative = bucket_pairs(&distribution.getattr("negative")?)?;
+        // `(index, count)` pairs: any sequence of them, whichever
+        // Distribution (python/torchmon/_distribution.py or a native one).
+        let positive: Vec<(i32, u64)> = distribution.getattr("positive")?.extract()?;
+        let negative: Vec<(i32, u64)> = distribution.getattr("negative")?.extract()?;
         self.state().exposition.update_histogram(name, |histogram| {
             histogram.add_window(sum, zero, positive_inf, negative_inf, positive, negative);
         });
         Ok(())
     }
 
-    /// Every metric as length-delimited protobuf `MetricFamily` messages,
-    /// rendered detached from Python (the GIL is held only to take the state
-    /// and to make the bytes); `None` once closed.
-    fn render_protobuf<'py>(&self, py: Python<'py>) -> Option<Bound<'py, PyBytes>> {
+    /// Every metric as length-delimited protobuf `MetricFamily` messages
+    /// (`protobuf`) or as the text exposition (format 0.0.4, byte for byte
+    /// prometheus_client's for the handler's registry), rendered detached
+    /// from Python (the GIL is held only to take the state and to make the
+    /// bytes); `None` once closed.
+    fn render<'py>(&self, py: Python<'py>, protobuf: bool) -> Option<Bound<'py, PyBytes>> {
         let state = self.state();
-        let body = py.detach(|| state.render(&self.closed, Format::Protobuf))?;
-        Some(PyBytes::new(py, &body))
-    }
-
-    /// The text exposition (format 0.0.4) of every metric, byte for byte
-    /// prometheus_client's for the handler's registry, rendered detached
-    /// from Python like `render_protobuf`; `None` once closed.
-    fn render_text<'py>(&self, py: Python<'py>) -> Option<Bound<'py, PyBytes>> {
-        let state = self.state();
-        let body = py.detach(|| state.render(&self.closed, Format::Text))?;
+        let format = if protobuf {
+            Format::Protobuf
+        } else {
+            Format::Text
+        };
+        let body = py.detach(|| state.render(&self.closed, format))?;
         Some(PyBytes::new(py, &body))
     }
 
@@ -220,12 +234,6 @@ impl _PrometheusExposition {
         }
     }
 
-    /// The port served by `serve`, `None` if none.
-    #[getter]
-    fn server_port(&self) -> Option<u16> {
-        self.server.lock().as_ref().map(Server::port)
-    }
-
     /// Later renders return `None`; a render in progress completes first.
     fn close(&self, py: Python<'_>) {
         let state = self.state();
@@ -235,28 +243,16 @@ impl _PrometheusExposition {
         });
     }
 
-    #[getter]
-    fn closed(&self) -> bool {
-        self.closed.load(Ordering::Acquire)
-    }
-
     /// In a forked child: a new, empty state (the parent's may have been
     /// copied locked by a render on another thread; a child serves nothing
     /// of the parent's).
     fn _after_fork_in_child(&self) {
-        // The server's threads are the parent's: the child closes its
-        // copies of the listening socket and of the connections, and
-        // forgets the rest.
+        // The server's threads are the parent's: the child closes its copies
+        // of the listening socket and of the connections, and forgets the rest.
         if let Some(server) = self.server.lock().take() {
             server.forget_in_child();
         }
-        let (labels, max_buckets, classic, protobuf_classic) = &self.config;
-        let fresh = Exposition::new(
-            labels.clone(),
-            *max_buckets,
-            classic.clone(),
-            *protobuf_classic,
-        );
+        let fresh = self.state().exposition.fresh(self.declared.lock().iter());
         *self.state.lock() = Shared::new(fresh);
     }
 }

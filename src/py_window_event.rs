@@ -12,7 +12,7 @@ use crate::py_objects::datetime_now;
 use crate::py_registry::{Handlers, dispatch};
 use torchmon_core::stat::WindowStats;
 
-pub const STAT_EVENT: &str = "torch.monitor.Stat";
+pub use torchmon_core::stat::STAT_EVENT;
 
 pub fn stat_event_name(py: Python<'_>) -> &Bound<'_, PyString> {
     static NAME: PyOnceLock<Py<PyString>> = PyOnceLock::new();

@@ -217,13 +217,13 @@ def _stat_event_keys() -> list[str]:
 
 
 def test_event_key_suffixes_are_the_names_the_cli_and_tensorboard_recognise() -> None:
-    from torchmon.cli import summarize
     from torchmon.handlers import tensorboard
 
     suffixes = [key.removeprefix("s.") for key in _stat_event_keys()]
     assert suffixes == [name.lower() for name in Aggregation.__members__]
     assert list(_core._AGGREGATION_KEY_SUFFIXES) == suffixes
-    assert summarize._AGGREGATION_NAMES == set(suffixes)
+    # torchmon summarize splits keys by the core's table itself (a cargo
+    # test of crates/torchmon-core/src/summary/ checks every suffix).
     assert tensorboard._AGGREGATION_SUFFIXES == set(suffixes)
 
 

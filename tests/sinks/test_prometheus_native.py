@@ -307,7 +307,8 @@ def test_render_after_close_is_none_and_the_app_answers_503() -> None:
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
 def test_a_forked_child_starts_with_an_empty_native_state_and_can_use_it() -> None:
     """In a child process (it forks), with a timeout: the child's handler
-    renders none of the parent's samples and counts its own windows."""
+    renders none of the parent's samples, in the protobuf body and in its
+    registry's text alike, and counts its own windows."""
     code = textwrap.dedent(
         """
         import os, sys
@@ -335,6 +336,9 @@ def test_a_forked_child_starts_with_an_empty_native_state_and_can_use_it() -> No
         pid = os.fork()
         if pid == 0:
             ok = count() == {"x_histogram": 0}
+            # The registry reads the same state: one state, not a copy per format.
+            registry_text = prometheus_client.generate_latest(sink.registry).decode()
+            ok = ok and "x_histogram_count 0.0" in registry_text
             child = torchmon.Stat("x", [torchmon.Aggregation.P50], timedelta(hours=1))
             child.add(3.0)
             del child
@@ -356,9 +360,9 @@ def test_a_forked_child_starts_with_an_empty_native_state_and_can_use_it() -> No
     assert result.returncode == 0 and result.stdout.strip() == "ok", result.stderr
 
 
-@pytest.mark.parametrize("classic", [(7, 0, [1.0]), (4, 0, [])])
+@pytest.mark.parametrize("classic", [(7, 1.0, 2.0), (4, 2.0, 1.0), (4, 1.0, math.inf)])
 def test_the_core_state_refuses_a_classic_layout_it_cannot_render(
-    classic: tuple[int, int, list[float]],
+    classic: tuple[int, float, float],
 ) -> None:
     from torchmon._core import _PrometheusExposition
 

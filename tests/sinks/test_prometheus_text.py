@@ -80,7 +80,7 @@ def handler(**options: Any) -> PrometheusEventHandler:
 
 
 def assert_same_text(sink: PrometheusEventHandler) -> str:
-    core = sink._native.render_text()
+    core = sink._native.render(protobuf=False)
     assert core is not None
     expected = generate_latest(sink.registry)
     if core != expected:  # the first differing line, not 100 KB of bytes

@@ -20,6 +20,7 @@ from support import registered
 
 import torchmon
 from torchmon import Aggregation, Event, PrometheusEventHandler, Stat
+from torchmon.handlers._common import stat_description
 from torchmon.handlers.prometheus import prometheus_metric_name
 from torchmon.testing import ManualClock
 
@@ -182,6 +183,80 @@ def test_name_taken_by_another_handler_until_it_closes() -> None:
         first.close()
         second.close()
     assert registry.get_sample_value("loss_mean", {"rank": "1"}) is None
+
+
+def test_the_registry_holds_one_collector_and_renders_as_prometheus_clients_gauges() -> None:
+    """The handler's state is its native exposition only (docs/sinks.md,
+    "Prometheus"): its registry holds one collector of the handler's, whose
+    text and OpenMetrics output are those of prometheus_client's own
+    labelled gauges holding the same values."""
+    from prometheus_client.openmetrics.exposition import generate_latest as openmetrics
+
+    labels = {"rank": "0", "job": 'pre"train'}
+    values = {"loss.mean": 0.25, "loss.max": math.inf, "step.count": 1234567.0, "x": math.nan}
+    registry = CollectorRegistry()
+    before = set(registry._collector_to_names)
+    with PrometheusEventHandler(registry=registry, labels=labels) as sink:
+        sink(Event(torchmon.STAT_EVENT, datetime.now(), dict(values)))
+        sink(Event(torchmon.STAT_EVENT, datetime.now(), {"loss.mean": -3.5}))
+        assert len(set(registry._collector_to_names) - before) == 1
+        expected = CollectorRegistry()
+        for key, value in {**values, "loss.mean": -3.5}.items():
+            gauge = prometheus_client.Gauge(
+                prometheus_metric_name(key),
+                stat_description(key),
+                labelnames=list(labels),
+                registry=expected,
+            )
+            gauge.labels(*labels.values()).set(value)
+        for render in (prometheus_client.generate_latest, openmetrics):
+            assert render(registry) == render(expected)
+
+
+def test_a_name_the_handler_holds_is_refused_to_a_later_collector() -> None:
+    """Names first seen in one event are held in the registry by the
+    handler's collector from then on, a histogram's series names with it."""
+    registry = CollectorRegistry()
+    with PrometheusEventHandler(registry=registry) as sink:
+        with registered(sink):
+            stat = Stat("lat", [Aggregation.P50], timedelta(hours=1))
+            stat.add(1.0)
+            del stat
+        for name in ("lat_p50", "lat_histogram", "lat_histogram_count"):
+            with pytest.raises(ValueError, match="Duplicated"):
+                prometheus_client.Gauge(name, "someone else's", registry=registry)
+        assert registry.get_sample_value("lat_histogram_count") == 1
+    prometheus_client.Gauge("lat_histogram_count", "free once closed", registry=registry)
+
+
+def test_a_name_taken_while_the_collector_is_registered_again_keeps_the_older_names() -> None:
+    """docs/sinks.md, "One owner per name": another thread registering one
+    of an event's new names between the two calls that register the
+    handler's collector again gets it; the event raises ValueError, the
+    collector keeps the names, and values, it held before, and the name
+    taken is refused again to later events, as any name taken."""
+
+    class Racing(CollectorRegistry):
+        def unregister(self, collector: Any) -> None:
+            super().unregister(collector)
+            names = [family.name for family in collector.describe()]
+            if names[:2] == ["a_sum", "b_sum"] and not taken:  # the second event's take-over
+                taken.append(prometheus_client.Gauge("b_sum", "the racer's", registry=self))
+
+    taken: list[Any] = []
+    registry = Racing()
+    with PrometheusEventHandler(registry=registry) as sink:
+        sink(Event(torchmon.STAT_EVENT, datetime.now(), {"a.sum": 1.0}))
+        with pytest.raises(ValueError, match="b_sum"):
+            sink(Event(torchmon.STAT_EVENT, datetime.now(), {"b.sum": 2.0}))
+        assert taken and registry.get_sample_value("a_sum") == 1.0
+        # The racer's series only, not a second one from the handler.
+        assert prometheus_client.generate_latest(registry).count(b"\nb_sum ") == 1
+        with pytest.raises(ValueError, match="Duplicated"):
+            prometheus_client.Gauge("a_sum", "held by the handler", registry=registry)
+        with pytest.raises(ValueError, match="cannot create the gauge 'b_sum'"):
+            sink(Event(torchmon.STAT_EVENT, datetime.now(), {"b.sum": 3.0}))
+        assert registry.get_sample_value("b_sum") == 0.0
 
 
 def test_closed_handler_raises() -> None:

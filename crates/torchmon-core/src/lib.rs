@@ -19,6 +19,7 @@ pub mod prometheus;
 pub mod prometheus_server;
 pub mod registry;
 pub mod stat;
+pub mod summary;
 mod sync;
 // Not under loom: its statics hold std atomics, and it runs no model.
 #[cfg(not(loom))]

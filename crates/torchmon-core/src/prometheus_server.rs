@@ -51,7 +51,7 @@ pub const PROTOBUF_CONTENT_TYPE: &str =
 pub type Render = dyn Fn(Format) -> Option<Vec<u8>> + Send + Sync;
 
 /// A request head larger than this is refused (a scrape's is a few hundred bytes).
-const MAX_HEAD: usize = 16 * 1024;
+pub const MAX_HEAD: usize = 16 * 1024;
 /// How often the accepting thread looks at the stop flag while idle.
 const POLL_MS: i32 = 100;
 
@@ -283,8 +283,9 @@ impl Shared {
 
 /// Whether an `Accept` header prefers the delimited MetricFamily protobuf:
 /// its quality is above 0 and at least that of every text format it names.
-/// A header naming no known format gets text. The rule of
-/// python/torchmon/handlers/prometheus.py's `_accepts_protobuf`.
+/// A header naming no known format gets text. The one negotiation of every
+/// scrape path: this server's, and `PrometheusEventHandler.render()`'s
+/// through the binding (python/torchmon/handlers/prometheus.py).
 pub fn accepts_protobuf(accept: &str) -> bool {
     let (mut protobuf, mut text) = (0.0f64, 0.0f64);
     for entry in accept.split(',') {

@@ -4,6 +4,7 @@ they report, reading a JSON-lines log, and the TensorBoard writer and handler
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import importlib
 import io
@@ -14,9 +15,10 @@ import stat
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any, cast
 
-from .._core import Event
+from .._core import Event, _event_with_distribution
 
 if TYPE_CHECKING:
+    from .._core import _Summary
     from ..handlers.jsonl import JsonlReader
 
 _EXIT_OK = 0
@@ -116,21 +118,30 @@ class _LineFile:
 
     def __iter__(self) -> Iterator[bytes]:
         readline = self._file.readline
-        limit = _MAX_LINE_BYTES
         lineno = 0
-        while True:
-            raw = readline(limit + 1)
-            if not raw:
-                return
+        while raw := readline(_MAX_LINE_BYTES + 1):
             lineno += 1
-            if len(raw) > limit:
-                raise _CliError(
-                    f"{self._path}:{lineno}: a line longer than {limit >> 20} MiB, the "
-                    "longest a JSON-lines log may hold: not a JSON-lines log"
-                )
-            if len(self.head) < _HEAD_BYTES:
-                self.head += raw[: _HEAD_BYTES - len(self.head)]
+            if len(raw) > _MAX_LINE_BYTES:
+                raise self.too_long(lineno)
+            self._keep_head(raw)
             yield raw
+
+    def blocks(self) -> Iterator[bytes]:
+        """The file's bytes, a MiB at a time, for a reader that splits the
+        lines itself (``_core._Summary``, with the same limit)."""
+        while block := self._file.read1(1 << 20):
+            self._keep_head(block)
+            yield block
+
+    def _keep_head(self, raw: bytes) -> None:
+        if len(self.head) < _HEAD_BYTES:
+            self.head += raw[: _HEAD_BYTES - len(self.head)]
+
+    def too_long(self, lineno: int) -> _CliError:
+        return _CliError(
+            f"{self._path}:{lineno}: a line longer than {_MAX_LINE_BYTES >> 20} MiB, the "
+            "longest a JSON-lines log may hold: not a JSON-lines log"
+        )
 
 
 def _open_log(path: str) -> _LineFile:
@@ -215,6 +226,14 @@ def _checked_reader_class() -> Any:
     return _CheckedReader
 
 
+def _new_summary(ranks: bool) -> _Summary:
+    """``torchmon summarize``'s native reader, with the line limit above;
+    ``ranks``: keep the tables across files."""
+    from .._core import _Summary
+
+    return _Summary(_MAX_LINE_BYTES, ranks)
+
+
 def _read_events(path: str) -> list[Event]:
     """Every event of a JSON-lines log, or a _CliError that says what is wrong
     (the first unreadable line included)."""
@@ -252,18 +271,50 @@ class _Log:
         return self._reader._bytes_read
 
     def __iter__(self) -> Iterator[Any]:
-        path = self.path
-        try:
+        with self._errors():
             for record in self._reader:
                 self.records += 1
                 yield record
+        if not self.records:
+            self._check_not_foreign()
+
+    def feed(self, summary: _Summary, label: str) -> None:
+        """Reads the whole log into ``summary`` (``torchmon summarize``), which
+        splits and reads the lines itself (crates/torchmon-core/src/summary/)."""
+        summary.start_file(label, self._relay)
+        with self._errors(), self._file:
+            for block in self._file.blocks():
+                if too_long := summary.feed(block):
+                    raise self._file.too_long(too_long)
+            self.records = summary.feed(b"")
+        if not self.records:
+            self._check_not_foreign()
+
+    def _relay(self, raw: bytes, lineno: int) -> bytes | None:
+        """A line ``feed``'s summary leaves to Python, read by this log's
+        reader: its event written again as the sink writes it (which the
+        summary reads as it is), or None."""
+        from ..handlers.jsonl import _encode_event
+
+        record = self._reader._line(raw, lineno)
+        if record is None:
+            return None
+        event, distribution = record
+        if distribution is not None:
+            event = _event_with_distribution(event.name, event.timestamp, event.data, distribution)
+        return _encode_event(event, distributions=True)
+
+    @contextlib.contextmanager
+    def _errors(self) -> Iterator[None]:
+        """The reader's failures as _CliErrors."""
+        path = self.path
+        try:
+            yield
         except ValueError as exc:  # read_jsonl's messages start with "<path>:<line>:"
             detail = str(exc)
             raise _CliError(detail if detail.startswith(path) else f"{path}: {detail}") from None
         except OSError as exc:
             raise _CliError(f"{path}: cannot read: {exc.strerror or exc}") from None
-        if not self.records:
-            self._check_not_foreign()
 
     def _check_not_foreign(self) -> None:
         """An empty log (or one whose only line is still being written) is

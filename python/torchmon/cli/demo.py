@@ -18,7 +18,14 @@ from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any, TextIO
 
-from .._core import STAT_EVENT, Aggregation, Event, Stat, log_event, register_event_handler
+from .._core import (
+    STAT_EVENT,
+    Aggregation,
+    Event,
+    Stat,
+    log_event,
+    register_event_handler,
+)
 from .._core import unregister_event_handler as _unregister_event_handler
 from .._wait_counter import WaitCounter, _discard_counter
 from ._common import (
@@ -26,10 +33,11 @@ from ._common import (
     _EXIT_OK,
     _CliError,
     _Log,
+    _new_summary,
     _summary_writer,
     _tensorboard_handler,
 )
-from .summarize import _readable_bytes, _Summary
+from .summarize import _readable_bytes, write_summary
 
 
 class _Progress:
@@ -153,7 +161,11 @@ def run(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
         f"({stat_events} Stat windows, {len(events) - stat_events} others):\n",
         file=out,
     )
-    _Summary((event, None) for event in events).write(out)
+    # Without the quantile table: the highlights below say what the demo's
+    # distributions show.
+    summary = _new_summary(False)
+    _Log(str(jsonl_path), "raise", distributions=True).feed(summary, "")
+    write_summary(summary, out, quantiles=False)
     _print_highlights(records, out)
     _print_next_steps(logdir, jsonl_path, tensorboard_files=writer is not None, out=out)
     return _EXIT_OK

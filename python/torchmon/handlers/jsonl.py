@@ -589,32 +589,38 @@ class JsonlReader(Iterator[_T], Generic[_T]):
             self.first_skipped = message
 
     def _read(self) -> Generator[_T, None, None]:
-        path = self.path
         with self._open() as file:
             for lineno, raw in enumerate(file, 1):
                 self._bytes_read += len(raw)
+                record = self._line(raw, lineno)
+                if record is not None:
+                    yield self._result(record)
                 if not raw.endswith(b"\n"):
-                    # A line without its newline is the last one read: a
-                    # writer is still writing it, or was killed halfway
-                    # (docs/sinks.md, "Reading"). It counts only when whole.
-                    # Nothing after it is read, even if the file grew since.
-                    record = self._unfinished(raw)
-                    if record is not None:
-                        yield self._result(record)
+                    # Nothing after a last line without its newline is read,
+                    # even if the file grew since.
                     return
-                try:
-                    line = raw.decode("utf-8")
-                except UnicodeDecodeError as exc:
-                    self._unreadable(f"{path}:{lineno}: not UTF-8: {exc}")
-                    continue
-                if not line.strip(" \t\r\n"):
-                    continue
-                try:
-                    record = _decode_record(line, self.distributions)
-                except _LineError as exc:
-                    self._unreadable(f"{path}:{lineno}: {exc}")
-                    continue
-                yield self._result(record)
+
+    def _line(self, raw: bytes, lineno: int) -> tuple[Event, Distribution | None] | None:
+        """The record of line ``lineno``, or None: a blank line, an unreadable
+        one (counted, or raised), or a line without its newline (the last one
+        read: a writer is still writing it, or was killed halfway,
+        docs/sinks.md, "Reading") that is not a whole event. Also the reader
+        of the lines ``torchmon summarize``'s native reader leaves to Python."""
+        whole = raw.endswith(b"\n")
+        try:
+            line = raw.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            if whole:
+                self._unreadable(f"{self.path}:{lineno}: not UTF-8: {exc}")
+            return None
+        if not line.strip(" \t\r\n"):
+            return None
+        try:
+            return _decode_record(line, self.distributions)
+        except _LineError as exc:
+            if whole:
+                self._unreadable(f"{self.path}:{lineno}: {exc}")
+            return None
 
     def _open(self) -> AbstractContextManager[Iterable[bytes]]:
         # A method so that the torchmon command can read its logs through a
@@ -624,19 +630,6 @@ class JsonlReader(Iterator[_T], Generic[_T]):
 
     def _result(self, record: tuple[Event, Distribution | None]) -> _T:
         return record if self.distributions else record[0]  # type: ignore[return-value]
-
-    def _unfinished(self, raw: bytes) -> tuple[Event, Distribution | None] | None:
-        """The event of an unterminated last line if it is a whole one."""
-        try:
-            line = raw.decode("utf-8")
-        except UnicodeDecodeError:
-            return None
-        if not line.strip(" \t\r"):
-            return None
-        try:
-            return _decode_record(line, self.distributions)
-        except _LineError:
-            return None
 
     def __repr__(self) -> str:
         extra = ", distributions=True" if self.distributions else ""

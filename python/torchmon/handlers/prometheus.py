@@ -14,7 +14,7 @@ import os
 import re
 import socket
 import weakref
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any, Callable
 
 from .._core import STAT_EVENT, Event, _PrometheusExposition
@@ -26,7 +26,8 @@ if TYPE_CHECKING:
     import threading
     from wsgiref.simple_server import WSGIServer
 
-    from prometheus_client import CollectorRegistry, Gauge
+    from prometheus_client import CollectorRegistry
+    from prometheus_client.metrics_core import Metric
 
     from .._distribution import Distribution
 
@@ -51,6 +52,10 @@ _SERVE = "PrometheusEventHandler.serve"
 _METRIC_NAME = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*\Z")
 _LABEL_NAME = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*\Z")
 _INVALID_METRIC_CHAR = re.compile(r"[^a-zA-Z0-9_:]")
+_TAKEN = (
+    "(another handler or collector registered that name; give this handler its own prefix "
+    "or registry, or close() the other handler)"
+)
 
 # 1 µs to 12 days in seconds (1 ns to 17 min in milliseconds): any duration a
 # training job times, at 4 bounds per octave 161 bounds (docs/sinks.md).
@@ -133,8 +138,8 @@ class PrometheusEventHandler(ClosesOnExit):
       ``0.0``, then every bound from the largest one at or below ``lo`` to
       the smallest one at or above ``hi``, then ``+Inf``: the same set on
       every rank from the first scrape, whatever the data, so that
-      ``sum by (le)`` across ranks adds like with like. See
-      :class:`_HistogramLayout` and docs/sinks.md ("Prometheus").
+      ``sum by (le)`` across ranks adds like with like (docs/sinks.md,
+      "Histograms of the P aggregations").
     - ``native_histogram_max_buckets``: the bucket limit of each native
       histogram in a protobuf scrape (default 160); above it the resolution
       is halved until the buckets fit (docs/sinks.md, "Native histograms").
@@ -148,24 +153,26 @@ class PrometheusEventHandler(ClosesOnExit):
     gets the classic text exposition. :meth:`serve` negotiates this, and
     :meth:`wsgi_app` serves it from a user's own server.
 
-    A metric name belongs to one handler per registry: a name that is already
-    registered there (by another handler or collector) raises ``ValueError``
-    when it is first seen, as do two keys that sanitise to the same name.
-    ``close()`` (or leaving a ``with`` block) unregisters this handler's
-    gauges, so that a new handler may create them again; an event handed to a
-    closed handler raises ``ValueError``.
+    The handler's state is the native exposition only: ``registry`` holds
+    one collector of this handler's, which reads that state when the
+    registry is collected. A metric name belongs to one handler per
+    registry: a name that is already registered there (by another handler
+    or collector) raises ``ValueError`` when it is first seen, as do two
+    keys that sanitise to the same name. ``close()`` (or leaving a ``with``
+    block) unregisters this handler's collector, so that a new handler may
+    create its names again; an event handed to a closed handler raises
+    ``ValueError``.
     """
 
     __slots__ = (
         "__weakref__",
-        "_children",
         "_closed",
-        "_gauges",
+        "_collector",
         "_histograms",
         "_labels",
-        "_layout",
         "_lock",
         "_native",
+        "_new_names",
         "_prefix",
         "_registry",
         "_server",
@@ -211,29 +218,29 @@ class PrometheusEventHandler(ClosesOnExit):
         self._labels = _check_labels(labels)
         per_octave = _check_per_octave(histogram_buckets_per_octave)
         lo, hi = _check_range(histogram_range)
-        # Computed once: every histogram of this handler has these bounds.
-        self._layout = None if per_octave is None else _HistogramLayout(per_octave, lo, hi)
         max_buckets = _check_max_buckets(native_histogram_max_buckets)
         if not isinstance(protobuf_classic_buckets, bool):
             raise arg_type_error(
                 _OWNER, "protobuf_classic_buckets", "a bool", protobuf_classic_buckets
             )
-        classic = None
-        if self._layout is not None:
-            classic = (self._layout.shift, self._layout.first, self._layout.uppers)
-        # The cumulative state a scrape renders, in Rust.
+        self._histograms = per_octave is not None
+        # The handler's one state, in Rust; the classic bounds are laid out there.
         self._native = _PrometheusExposition(
-            list(self._labels.items()), max_buckets, classic, protobuf_classic_buckets
+            list(self._labels.items()),
+            max_buckets,
+            None if per_octave is None else (per_octave, lo, hi),
+            protobuf_classic_buckets,
         )
         _LIVE_HANDLERS.add(self)
-        # metric name -> its histogram, created at the first window that has one.
-        self._histograms: dict[str, _DistributionHistogram] = {}
         self._registry = registry
         self._prefix = prefix
-        self._gauges: dict[str, Gauge] = {}  # metric name -> the gauge
-        # metric name -> what to set: the labelled gauge, and the name in _native
-        self._children: dict[str, tuple[Gauge, str]] = {}
-        self._sources: dict[str, str] = {}  # metric name -> the data key it was made for
+        # metric name -> the data key it was made for, in the order declared.
+        self._sources: dict[str, str] = {}
+        # The names first seen by the event being handled, each held in the
+        # registry by a stateless _Collector until the collector takes them over.
+        self._new_names: list[_Collector] = []
+        self._collector = _Collector(self._native, self._labels)
+        registry.register(self._collector)
         self._lock = new_lock()
         self._closed = False
         # Set by serve(): the port of the core's server, or the Python one.
@@ -323,20 +330,22 @@ class PrometheusEventHandler(ClosesOnExit):
         """The body of a scrape whose ``Accept`` header is ``accept``, with its
         content type: protobuf when ``accept`` asks for
         :data:`PROTOBUF_CONTENT_TYPE` at least as much as for any text
-        format, otherwise prometheus_client's text (OpenMetrics when asked
-        for). The text format 0.0.4 of a :meth:`serve` handler's own
-        registry is rendered in Rust without the GIL too (the same bytes).
-        ``None`` once closed."""
-        if _accepts_protobuf(accept):
-            body = self._native.render_protobuf()
+        format (the Rust server's negotiation), otherwise prometheus_client's
+        text (OpenMetrics when asked for). The text format 0.0.4 of a
+        :meth:`serve` handler's own registry is rendered in Rust without the
+        GIL too (the same bytes). ``None`` once closed."""
+        if _PrometheusExposition.accepts_protobuf(accept or ""):
+            body = self._native.render(protobuf=True)
             return None if body is None else (PROTOBUF_CONTENT_TYPE, body)
-        if self._native.closed:
+        if self._closed:
             return None
+        # The one place prometheus_client renders: OpenMetrics, and a
+        # registry that may hold other collectors (docs/sinks.md, "Serving").
         from prometheus_client.exposition import choose_encoder, generate_latest
 
         encoder, content_type = choose_encoder(accept or "")
         if self._text_from_core and encoder is generate_latest:
-            body = self._native.render_text()
+            body = self._native.render(protobuf=False)
             return None if body is None else (content_type, body)
         return content_type, encoder(self._registry)
 
@@ -368,45 +377,25 @@ class PrometheusEventHandler(ClosesOnExit):
             httpd.server_close()
             thread.join(timeout=10)
 
-    def _gauge(self, key: str) -> tuple[Gauge, str]:
-        """The (labelled) gauge for a data key, created on first sight; called with
-        the lock held."""
-        import prometheus_client
-
+    def _gauge(self, key: str) -> str:
+        """The gauge's name for a data key, declared on first sight; called
+        with the lock held."""
         name = prometheus_metric_name(key, self._prefix)
         source = self._sources.get(name)
-        if source is not None:
-            if source != key:
+        if source is None:
+            try:
+                self._declare(name, stat_description(key), key, histogram=False)
+            except ValueError as exc:
                 raise ValueError(
-                    f"PrometheusEventHandler: Stat keys {source!r} and {key!r} both map to "
-                    f"the metric name {name!r}"
-                )
-            return self._children[name]
-        try:
-            gauge = prometheus_client.Gauge(
-                name,
-                stat_description(key),
-                labelnames=tuple(self._labels),
-                registry=self._registry,
-            )
-        except ValueError as exc:
+                    f"PrometheusEventHandler: cannot create the gauge {name!r} for {key!r}: "
+                    f"{exc} {_TAKEN}"
+                ) from None
+        elif source != key:
             raise ValueError(
-                f"PrometheusEventHandler: cannot create the gauge {name!r} for {key!r}: {exc} "
-                "(another handler or collector registered that name; give this handler "
-                "its own prefix or registry, or close() the other handler)"
-            ) from None
-        # Declared in the registry's order: the core's text lists them so.
-        self._native.declare_gauge(name, stat_description(key))
-        self._gauges[name] = gauge
-        self._sources[name] = key
-        # The labelled child; positional values, so that a label may be named "self".
-        child = gauge.labels(*self._labels.values()) if self._labels else gauge
-        self._children[name] = (child, name)
-        return self._children[name]
-
-    def _set_gauge(self, gauge: tuple[Gauge, str], value: float) -> None:
-        gauge[0].set(value)
-        self._native.set_gauge(gauge[1], value)
+                f"PrometheusEventHandler: Stat keys {source!r} and {key!r} both map to "
+                f"the metric name {name!r}"
+            )
+        return name
 
     def __call__(self, event: Event) -> None:
         if event.name != STAT_EVENT:
@@ -416,71 +405,145 @@ class PrometheusEventHandler(ClosesOnExit):
                 raise ValueError("PrometheusEventHandler is closed")
             data = event.data
             distribution = getattr(event, "distribution", None)
-            if distribution is None or self._layout is None:
-                set_numeric_values(data, self._gauge, self._set_gauge)
-                return
             try:
-                set_numeric_values(data, self._gauge, self._set_gauge)
+                set_numeric_values(data, self._gauge, self._native.set_gauge)
             finally:
-                # A gauge name clash must not lose the window's histogram.
-                self._observe(data, distribution)
+                try:
+                    # A gauge name clash must not lose the window's histogram.
+                    if distribution is not None and self._histograms:
+                        self._observe(data, distribution)
+                finally:
+                    if self._new_names:
+                        self._take_over_new_names()
 
     def _observe(self, data: Mapping[str, object], distribution: Distribution) -> None:
-        """Adds a window's distribution to its Stat's histogram, created on first
-        sight (like a gauge); called with the lock held."""
+        """Adds a window's distribution to its Stat's histogram, declared on
+        first sight (like a gauge); called with the lock held."""
         key = next(iter(data), None)
         if key is None:  # no key to name the Stat by
             return
         stat = key.rpartition(".")[0] or key
         name = prometheus_metric_name(stat, self._prefix) + "_histogram"
-        histogram = self._histograms.get(name)
-        if histogram is None:
-            source = self._sources.get(name)
-            if source is not None:
-                raise ValueError(
-                    f"PrometheusEventHandler: the histogram of Stat {stat!r} and the gauge "
-                    f"of {source!r} both map to the metric name {name!r}"
-                )
-            assert self._layout is not None
-            histogram = _DistributionHistogram(name, stat, self._labels, self._layout, self._lock)
+        source = self._sources.get(name)
+        if source is None:
+            help_text = f"torchmon Stat {stat!r}, every sample of every closed window"
             try:
-                self._registry.register(histogram)
+                self._declare(name, help_text, f"{stat} (histogram)", histogram=True)
             except ValueError as exc:
                 raise ValueError(
                     f"PrometheusEventHandler: cannot create the histogram {name!r} for Stat "
-                    f"{stat!r}: {exc} (another handler or collector registered that name; "
-                    "give this handler its own prefix or registry, or close() the other handler)"
+                    f"{stat!r}: {exc} {_TAKEN}"
                 ) from None
-            self._histograms[name] = histogram
-            self._sources[name] = f"{stat} (histogram)"
-            self._native.declare_histogram(name, histogram._help())
-        histogram.add(distribution)
+        elif not source.endswith(" (histogram)"):
+            raise ValueError(
+                f"PrometheusEventHandler: the histogram of Stat {stat!r} and the gauge "
+                f"of {source!r} both map to the metric name {name!r}"
+            )
         self._native.add_distribution(name, distribution)
 
+    def _declare(self, name: str, help_text: str, source: str, *, histogram: bool) -> None:
+        """Declares a metric first seen once the registry accepts its name
+        (and, for a histogram, its series' names), or raises the registry's
+        ``ValueError``: the registry's own check, the name held there by a
+        stateless _Collector until the event is handled."""
+        family = _Collector.family(name, help_text, list(self._labels), histogram)
+        names = _Collector(None, self._labels, family)
+        self._registry.register(names)
+        self._new_names.append(names)
+        self._sources[name] = source
+        self._native.declare(name, help_text, histogram)
+
+    def _take_over_new_names(self) -> None:
+        """The collector, registered again, holds the names the event
+        declared: one registration per event, not per name. Called with the
+        lock held."""
+        registry, collector = self._registry, self._collector
+        for names in self._new_names:
+            registry.unregister(names)
+        collector.described += [names.described[0] for names in self._new_names]
+        taken = len(self._new_names)
+        self._new_names.clear()
+        registry.unregister(collector)
+        try:
+            registry.register(collector)
+        except ValueError:
+            # Another thread registered one of the new names between the two
+            # calls (prometheus_client has no atomic swap): the collector
+            # keeps the names it held before, and the event's are first seen
+            # again by the next event that has them.
+            for family in collector.described[-taken:]:
+                del self._sources[family.name]
+            del collector.described[-taken:]
+            registry.register(collector)
+            raise
+
     def close(self) -> None:
-        """Unregisters this handler's gauges from the registry (a second call does nothing)."""
+        """Unregisters this handler's collector from the registry (a second
+        call does nothing)."""
         # First: a scrape from now on is a 503, one in progress completes.
         self._native.close()
         with self._lock:
-            self._closed = True
-            gauges: list[Any] = list(self._gauges.values())
-            gauges += self._histograms.values()
-            self._gauges.clear()
-            self._histograms.clear()
-            self._children.clear()
-            self._sources.clear()
-        for gauge in gauges:
-            self._registry.unregister(gauge)
+            closing, self._closed = not self._closed, True
+        if closing:
+            self._registry.unregister(self._collector)
         self._stop_server()
 
     def __repr__(self) -> str:
         state = ", closed" if self._closed else ""
         if self._server is not None:
             state += f", serving on port {self.port}"
+        histograms = sum(family.type == "histogram" for family in self._collector.described)
         return (
             f"PrometheusEventHandler(prefix={self._prefix!r}, labels={self._labels!r}, "
-            f"{len(self._gauges)} gauges, {len(self._histograms)} histograms{state})"
+            f"{len(self._collector.described) - histograms} gauges, {histograms} histograms"
+            f"{state})"
         )
+
+
+class _Collector:
+    """The one collector of a handler in its registry: the native state's
+    families, read when the registry is collected (docs/sinks.md,
+    "Prometheus"); ``described`` are the names it holds there, the only
+    ones it collects. One without
+    a state holds a metric's names from its first sight to the end of the
+    event that declared it (``PrometheusEventHandler._declare``)."""
+
+    __slots__ = ("_labels", "_native", "described")
+
+    def __init__(
+        self, native: _PrometheusExposition | None, labels: dict[str, str], *described: Metric
+    ) -> None:
+        self._native = native
+        self._labels = labels
+        self.described = list(described)
+
+    @staticmethod
+    def family(name: str, help_text: str, labels: list[str], histogram: bool) -> Metric:
+        from prometheus_client.core import GaugeMetricFamily, HistogramMetricFamily
+
+        kind = HistogramMetricFamily if histogram else GaugeMetricFamily
+        return kind(name, help_text, labels=labels)
+
+    def describe(self) -> list[Metric]:
+        return self.described
+
+    def collect(self) -> Iterator[Metric]:
+        """One family at a time, as the registry's renderers write them: a
+        family already written can be freed, not all held at once."""
+        if self._native is None:
+            return
+        names, values = list(self._labels), list(self._labels.values())
+        le_texts = self._native.le_texts
+        held = {family.name for family in self.described}
+        for name, help_text, value, counts in self._native.families():
+            if name not in held:  # not the registry's yet, or taken by another
+                continue
+            family: Any = self.family(name, help_text, names, counts is not None)
+            if counts is None:
+                family.add_metric(values, value)
+            else:  # every bound is >= 0: _count (+Inf's count) and _sum are written too
+                family.add_metric(values, list(zip(le_texts, counts)), value)
+            yield family
 
 
 # --- serving ----------------------------------------------------------------------
@@ -490,26 +553,17 @@ _LIVE_HANDLERS: weakref.WeakSet[PrometheusEventHandler] = weakref.WeakSet()
 
 
 def _reset_expositions_in_child() -> None:
-    """A forked child's handlers get a new, empty native state (the parent's
-    may have been copied locked by a render on a server thread, which the
-    child does not have), with the metrics they had declared, so that its
-    own windows count from zero (docs/sinks.md, "Native histograms"), and
-    no server: the child's copies of its sockets are closed and ``port`` is
+    """A forked child's handlers get a new, empty native state with the
+    metrics they had declared (the parent's may have been copied locked by
+    a render on a server thread, which the child does not have), so that its
+    own windows count from zero (docs/sinks.md, "Native histograms"), and no
+    server: the child's copies of its sockets are closed and ``port`` is
     ``None``. Runs after _forksafe's hook has released the sinks' locks."""
     for sink in list(_LIVE_HANDLERS):
         sink._native._after_fork_in_child()  # closes the Rust server's sockets
-        # The server's threads are the parent's: the child serves nothing,
-        # and its copies of the server's sockets are closed.
         server, sink._server = sink._server, None
         if server is not None and not isinstance(server, int):
             server[0].forget_in_child()  # type: ignore[attr-defined]
-        # In the order first declared, the registry's (_sources keeps it).
-        for name, source in sink._sources.items():
-            histogram = sink._histograms.get(name)
-            if histogram is not None:
-                sink._native.declare_histogram(name, histogram._help())
-            else:
-                sink._native.declare_gauge(name, stat_description(source))
 
 
 def _stop_servers_at_exit() -> None:
@@ -520,37 +574,6 @@ def _stop_servers_at_exit() -> None:
         sink._native.stop_server()
 
 
-_PROTOBUF_MEDIA_TYPE = "application/vnd.google.protobuf"
-_TEXT_MEDIA_TYPES = ("text/plain", "application/openmetrics-text", "*/*", "text/*")
-
-
-def _accepts_protobuf(accept: str | None) -> bool:
-    """Whether an ``Accept`` header prefers the delimited MetricFamily
-    protobuf: its quality is above 0 and at least that of every text format
-    it names. A header naming no known format gets text."""
-    if not accept:
-        return False
-    protobuf = text = 0.0
-    for entry in accept.split(","):
-        media_type, *params = (part.strip() for part in entry.split(";"))
-        fields = {}
-        for param in params:
-            key, _, value = param.partition("=")
-            fields[key.strip().lower()] = value.strip().strip('"')
-        try:
-            quality = float(fields.get("q", "1"))
-        except ValueError:
-            quality = 0.0
-        media_type = media_type.lower()
-        if media_type == _PROTOBUF_MEDIA_TYPE:
-            if (
-                fields.get("proto") == "io.prometheus.client.MetricFamily"
-                and fields.get("encoding") == "delimited"
-            ):
-                protobuf = max(protobuf, quality)
-        elif media_type in _TEXT_MEDIA_TYPES:
-            text = max(text, quality)
-    return protobuf > 0.0 and protobuf >= text
 
 
 class _ScrapeApp:
@@ -604,16 +627,18 @@ def _start_server(
     return httpd, thread
 
 
-# The bounds of crates/torchmon-core/src/prometheus_server.rs's `Limits`
-# (docs/sinks.md, "Serving"): connection threads at once, the whole request
-# head, the whole response, and the threads that read a head only to
-# answer 503 and their deadline.
-_MAX_CONNECTIONS = 64
-_HEAD_DEADLINE = 5.0
-_RESPONSE_DEADLINE = 10.0
-_MAX_REJECTING = 8
-_REJECT_DEADLINE = 1.0
-_MAX_HEAD = 16 * 1024
+# The Rust server's bounds on slow clients (docs/sinks.md, "Serving"):
+# connection threads at once, the whole request head, the whole response,
+# the threads that read a head only to answer 503 and their deadline, and
+# the largest head.
+(
+    _MAX_CONNECTIONS,
+    _HEAD_DEADLINE,
+    _RESPONSE_DEADLINE,
+    _MAX_REJECTING,
+    _REJECT_DEADLINE,
+    _MAX_HEAD,
+) = _PrometheusExposition.limits()
 
 # What a tracked connection's thread is doing (the Rust server's `Phase`).
 _HEAD, _ANSWERING, _REJECTING, _EVICTED = "head", "answering", "rejecting", "evicted"
@@ -836,7 +861,7 @@ def _scrape_handler_class() -> type[Any]:
     return _ScrapeHandler
 
 
-# --- histograms of distributions -----------------------------------------------
+# --- the histogram arguments ------------------------------------------------------
 
 _PER_OCTAVE_CHOICES = (1, 2, 4, 8, 16, 32, 64)
 
@@ -886,142 +911,3 @@ def _check_range(value: object) -> tuple[float, float]:
     if not 0.0 < lo < hi:
         raise arg_value_error(_OWNER, arg, f"must have 0 < lo < hi, got {(lo, hi)!r}")
     return lo, hi
-
-
-class _HistogramLayout:
-    """The fixed ``le`` bounds of a handler's histograms.
-
-    Ranks sum their histograms by ``le`` in PromQL, so every rank must
-    expose the same bounds whatever its data: a rank missing a bound adds
-    nothing to that bound's sum, and the summed counts stop being a
-    histogram (docs/sinks.md, "Histograms of the P aggregations"). The
-    positive bounds are one every ``64 // per_octave`` scale-6 buckets (a
-    group): the largest double of group ``g``, ``2**((g+1)/per_octave)``
-    rounded down, so that ``x <= le`` holds exactly for the samples of that
-    group and below and the counts are exact. They run from the largest
-    bound at or below ``lo`` to the smallest at or above ``hi``; ``0.0``
-    comes first (zeros, negative samples and ``-inf``), ``+Inf`` last.
-    """
-
-    __slots__ = ("first", "shift", "texts", "uppers")
-
-    def __init__(self, per_octave: int, lo: float, hi: float) -> None:
-        from prometheus_client.utils import floatToGoString
-
-        from .._distribution import bucket_index
-
-        # A group of buckets is the bucket index >> shift (64 // per_octave buckets).
-        self.shift = shift = (64 // per_octave).bit_length() - 1
-        first = bucket_index(lo) >> shift
-        if self._group_upper(first) != lo:
-            first -= 1  # lo lies inside its group: the bound below it
-        if self._group_upper(first) == 0.0:
-            first += 1  # lo in the lowest group: no positive bound below it
-        last = bucket_index(hi) >> shift
-        self.first = first
-        self.uppers = [self._group_upper(group) for group in range(first, last + 1)]
-        # The le text of prometheus_client's own histograms (repr: exact).
-        to_text: Callable[[float], str] = floatToGoString
-        self.texts = [to_text(le) for le in (0.0, *self.uppers, math.inf)]
-
-    def _group_upper(self, group: int) -> float:
-        """The largest double whose bucket is in ``group`` or below (0.0
-        below the subnormals)."""
-        from .._distribution import MAX_INDEX, MIN_INDEX, _upper
-
-        last = ((group + 1) << self.shift) - 1
-        return _upper(min(max(last, MIN_INDEX - 1), MAX_INDEX))
-
-
-class _DistributionHistogram:
-    """The cumulative classic histogram of one Stat's distributions, summed
-    over windows: a collector in the handler's registry, with the bounds of
-    its handler's :class:`_HistogramLayout`.
-
-    Positive samples at or below the first positive bound count in it,
-    those above the last one only in ``+Inf``; zeros, negative samples and
-    ``-inf`` ones in ``le="0.0"`` (and every bound above). NaN samples are
-    in no bucket and not in ``_count``; ``+inf`` ones only in ``+Inf``.
-    ``_sum`` adds the windows' SUM when it is finite (a window with a NaN or
-    infinite sample adds nothing to it).
-    """
-
-    __slots__ = (
-        "_counts",
-        "_labels",
-        "_layout",
-        "_lock",
-        "_not_positive",
-        "_over",
-        "_stat",
-        "_sum",
-        "name",
-    )
-
-    def __init__(
-        self, name: str, stat: str, labels: dict[str, str], layout: _HistogramLayout, lock: Any
-    ) -> None:
-        self.name = name
-        self._stat = stat
-        self._labels = labels
-        self._layout = layout
-        self._lock = lock
-        # _counts[j]: the positive samples counted first by bound j (not cumulative).
-        self._counts = [0] * len(layout.uppers)
-        self._not_positive = 0  # zeros, negatives and -inf: le="0.0"
-        self._over = 0  # above the last bound, +inf included: only in +Inf
-        self._sum = 0.0
-
-    def add(self, distribution: Distribution) -> None:
-        """Called with the lock held."""
-        layout = self._layout
-        counts, shift, first = self._counts, layout.shift, layout.first
-        top = len(counts) - 1
-        for index, count in distribution.positive:
-            j = (index >> shift) - first
-            if j > top:
-                self._over += count
-            else:
-                counts[max(j, 0)] += count
-        self._not_positive += (
-            distribution.zero_count
-            + distribution.negative_inf_count
-            + sum(count for _, count in distribution.negative)
-        )
-        self._over += distribution.positive_inf_count
-        if math.isfinite(distribution.sum):
-            self._sum += distribution.sum
-
-    def buckets(self) -> tuple[list[tuple[float, int]], float]:
-        """``[(le, cumulative count)]`` in ascending ``le`` ending with ``+inf``,
-        and the sum; taken under the lock."""
-        with self._lock:
-            counts = list(self._counts)
-            below, over, total_sum = self._not_positive, self._over, self._sum
-        bounds = [(0.0, below)]
-        for le, count in zip(self._layout.uppers, counts):
-            below += count
-            bounds.append((le, below))
-        bounds.append((math.inf, below + over))
-        return bounds, total_sum
-
-    def describe(self) -> list[Any]:
-        from prometheus_client.core import HistogramMetricFamily
-
-        return [HistogramMetricFamily(self.name, self._help(), labels=list(self._labels))]
-
-    def _help(self) -> str:
-        return f"torchmon Stat {self._stat!r}, every sample of every closed window"
-
-    def collect(self) -> list[Any]:
-        from prometheus_client.core import HistogramMetricFamily
-
-        bounds, total_sum = self.buckets()
-        family = HistogramMetricFamily(self.name, self._help(), labels=list(self._labels))
-        values = list(self._labels.values())
-        texts = self._layout.texts
-        # Every bound is >= 0, so add_metric also writes _count (the +Inf count) and _sum.
-        family.add_metric(
-            values, [(text, count) for text, (_, count) in zip(texts, bounds)], total_sum
-        )
-        return [family]

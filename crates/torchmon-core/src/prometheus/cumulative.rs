@@ -7,7 +7,7 @@
 
 use std::collections::BTreeMap;
 
-use crate::histogram::{MAX_INDEX, MIN_INDEX, SCALE};
+use crate::histogram::{MAX_INDEX, MIN_INDEX, SCALE, bucket_index};
 
 /// Values with `|x| <= ZERO_THRESHOLD` are counted in the zero bucket: 2**-128,
 /// client_golang's and client_java's default, so that histograms from those
@@ -118,8 +118,7 @@ impl Cumulative {
     }
 
     /// Cumulative counts at the classic bounds of `layout`, without `+Inf`
-    /// (the count): the classic histogram python/torchmon/handlers/prometheus.py
-    /// exposes as text, the same counts.
+    /// (the count): the text exposition's buckets and a collector's.
     pub fn classic(&self, layout: &ClassicLayout) -> Vec<(f64, u64)> {
         let mut counts = vec![0u64; layout.uppers.len()];
         let top = counts.len() as i64 - 1;
@@ -181,9 +180,12 @@ pub struct Native {
     pub negative: Vec<(i32, u64)>,
 }
 
-/// The classic bounds of a handler (python/torchmon/handlers/prometheus.py,
-/// `_HistogramLayout`): positive bound `j` counts the torchmon buckets whose
-/// `index >> shift` is `first + j` or below.
+/// The fixed classic bounds of a handler's histograms: positive bound `j`
+/// counts the torchmon buckets whose `index >> shift` is `first + j` or
+/// below. Ranks sum their histograms by `le` in PromQL, so every rank must
+/// expose the same bounds whatever its data: a rank missing a bound adds
+/// nothing to that bound's sum, and the summed counts stop being a
+/// histogram (docs/sinks.md, "Histograms of the P aggregations").
 #[derive(Clone, Debug, PartialEq)]
 pub struct ClassicLayout {
     pub shift: u32,
@@ -191,10 +193,65 @@ pub struct ClassicLayout {
     pub uppers: Vec<f64>,
 }
 
+impl ClassicLayout {
+    /// The bounds of `per_octave` (dividing 64) per power of two from the
+    /// largest one at or below `lo` to the smallest at or above `hi`
+    /// (`0 < lo < hi`, finite); `None` for anything else. A bound is the
+    /// largest double of its group of `64 / per_octave` buckets, so that
+    /// `x <= le` holds exactly for the samples of that group and below and
+    /// the counts are exact.
+    pub fn new(per_octave: u32, lo: f64, hi: f64) -> Option<ClassicLayout> {
+        if per_octave == 0 || 64 % per_octave != 0 || !(0.0 < lo && lo < hi && hi.is_finite()) {
+            return None;
+        }
+        let shift = (64 / per_octave).trailing_zeros();
+        let group_upper = |group: i32| {
+            let last = ((i64::from(group) + 1) << shift) - 1;
+            upper(last.clamp(i64::from(MIN_INDEX) - 1, i64::from(MAX_INDEX)) as i32)
+        };
+        let mut first = bucket_index(lo.to_bits()) >> shift;
+        if group_upper(first) != lo {
+            first -= 1; // lo lies inside its group: the bound below it
+        }
+        if group_upper(first) == 0.0 {
+            first += 1; // lo in the lowest group: no positive bound below it
+        }
+        let last = bucket_index(hi.to_bits()) >> shift;
+        let uppers = (first..=last).map(group_upper).collect();
+        Some(ClassicLayout {
+            shift,
+            first,
+            uppers,
+        })
+    }
+}
+
+/// The largest double in bucket `index` or below (`2**((index+1)/64)`
+/// rounded down; 0.0 below the subnormals): `bucket_index` grows with the
+/// bits of a positive double, so a binary search over them finds it exactly.
+fn upper(index: i32) -> f64 {
+    if index < MIN_INDEX {
+        return 0.0;
+    }
+    if index >= MAX_INDEX {
+        return f64::MAX;
+    }
+    // bucket_index(low) <= index < bucket_index(high) throughout.
+    let (mut low, mut high) = (1u64, f64::MAX.to_bits());
+    while high - low > 1 {
+        let mid = low + (high - low) / 2;
+        if bucket_index(mid) <= index {
+            low = mid;
+        } else {
+            high = mid;
+        }
+    }
+    f64::from_bits(low)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::histogram::bucket_index;
 
     fn index_of(x: f64) -> i32 {
         bucket_index(x.abs().to_bits())
@@ -311,5 +368,43 @@ mod tests {
                 (1.0, 4)
             ]
         );
+    }
+
+    #[test]
+    fn the_classic_layout_is_exact_and_refuses_what_it_cannot_render() {
+        // Four bounds per octave from 2**-2 to 2**2: exact powers are bounds.
+        let layout = ClassicLayout::new(4, 0.25, 4.0).unwrap();
+        assert_eq!(layout.shift, 4);
+        assert_eq!(layout.uppers.len(), 17);
+        assert_eq!(layout.uppers[0], 0.25);
+        assert_eq!(layout.uppers[4], 0.5);
+        assert_eq!(layout.uppers[16], 4.0);
+        for pair in layout.uppers.windows(2) {
+            // Each bound is the last double of its group: the next one is in the next group.
+            let (a, b) = (pair[0], pair[1]);
+            assert!(a < b);
+            assert_eq!(
+                (bucket_index(a.to_bits()) >> 4) + 1,
+                bucket_index(a.next_up().to_bits()) >> 4
+            );
+        }
+        // lo inside a group: the bound below it.
+        assert_eq!(
+            ClassicLayout::new(1, 3.0, 8.0).unwrap().uppers,
+            [2.0, 4.0, 8.0]
+        );
+        assert_eq!(
+            ClassicLayout::new(1, 5e-324, 1.0).unwrap().uppers[0],
+            5e-324
+        );
+        assert_eq!(
+            ClassicLayout::new(1, 1.5e-323, 1.0).unwrap().uppers[0],
+            1e-323
+        );
+        assert_eq!(upper(MAX_INDEX), f64::MAX);
+        for (per_octave, lo, hi) in [(3, 1.0, 2.0), (0, 1.0, 2.0), (4, 2.0, 1.0), (4, 0.0, 1.0)] {
+            assert_eq!(ClassicLayout::new(per_octave, lo, hi), None);
+        }
+        assert_eq!(ClassicLayout::new(4, 1.0, f64::INFINITY), None);
     }
 }

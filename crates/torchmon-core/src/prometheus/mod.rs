@@ -59,6 +59,14 @@ pub struct Exposition {
     families: Mutex<Families>,
 }
 
+/// One metric as a collector reads it (`Exposition::snapshot`).
+#[derive(Clone, Debug, PartialEq)]
+pub enum Reading {
+    Gauge(f64),
+    /// Cumulative counts at `Exposition::le_texts`, and the sum.
+    Histogram(Vec<u64>, f64),
+}
+
 /// `Exposition::declare`'s refusal: the name is taken by the other kind.
 #[derive(Debug, PartialEq, Eq)]
 pub struct KindClash;
@@ -84,14 +92,34 @@ impl Exposition {
         }
     }
 
+    /// A new exposition of this one's configuration with `declared`'s
+    /// `(name, help, histogram)` metrics, empty. It reads none of this
+    /// one's locks: a forked child's copy of one may be held for ever.
+    pub fn fresh<'a>(
+        &self,
+        declared: impl IntoIterator<Item = &'a (String, String, bool)>,
+    ) -> Self {
+        let labels = self.labels.clone();
+        let fresh = Exposition::new(
+            labels,
+            self.max_buckets,
+            self.classic.clone(),
+            self.protobuf_classic,
+        );
+        for (name, help, histogram) in declared {
+            let _ = fresh.declare(name, help, *histogram);
+        }
+        fresh
+    }
+
     /// Creates the gauge (`histogram` false, value 0) or the histogram
-    /// `name` with `help`; a no-op if it exists with that kind.
-    pub fn declare(&self, name: &str, help: &str, histogram: bool) -> Result<(), KindClash> {
+    /// `name` with `help` (true); a no-op if it exists with that kind (false).
+    pub fn declare(&self, name: &str, help: &str, histogram: bool) -> Result<bool, KindClash> {
         let mut families = self.families.lock();
         if let Some(&index) = families.by_name.get(name) {
             let is_histogram = matches!(families.list[index].lock().value, Value::Histogram(_));
             return if is_histogram == histogram {
-                Ok(())
+                Ok(false)
             } else {
                 Err(KindClash)
             };
@@ -108,7 +136,7 @@ impl Exposition {
         })));
         let index = families.list.len() - 1;
         families.by_name.insert(name.to_owned(), index);
-        Ok(())
+        Ok(true)
     }
 
     fn find(&self, name: &str) -> Option<Arc<Mutex<Family>>> {
@@ -147,6 +175,45 @@ impl Exposition {
         }
     }
 
+    /// Every metric in the order declared, with its help text, copied out
+    /// under each one's lock in turn: what a prometheus_client collector
+    /// turns into families, holding no lock (docs/sinks.md, "Prometheus").
+    pub fn snapshot(&self) -> Vec<(String, String, Reading)> {
+        let list = self.families.lock().list.clone();
+        let read = |family: &Family| match &family.value {
+            Value::Gauge(value) => Reading::Gauge(*value),
+            Value::Histogram(cumulative) => {
+                let mut counts: Vec<u64> = (self.classic.iter())
+                    .flat_map(|layout| cumulative.classic(layout))
+                    .map(|(_, below)| below)
+                    .collect();
+                counts.push(cumulative.count());
+                Reading::Histogram(counts, cumulative.sum)
+            }
+        };
+        list.iter()
+            .map(|family| {
+                let family = family.lock();
+                (family.name.clone(), family.help.clone(), read(&family))
+            })
+            .collect()
+    }
+
+    /// A histogram's `le` label values as prometheus_client writes them,
+    /// ascending: `0.0`, the classic bounds and `+Inf`, or only `+Inf`
+    /// without a layout.
+    pub fn le_texts(&self) -> Vec<String> {
+        let uppers = self.classic.iter().flat_map(|layout| &layout.uppers);
+        let bounds = self.classic.iter().map(|_| 0.0).chain(uppers.copied());
+        (bounds.chain([f64::INFINITY]))
+            .map(|le| {
+                let mut text = String::new();
+                go_float(le, &mut text);
+                text
+            })
+            .collect()
+    }
+
     pub fn len(&self) -> usize {
         self.families.lock().list.len()
     }
@@ -165,8 +232,8 @@ mod tests {
         let e = Exposition::new(vec![], 160, None, false);
         e.declare("a", "h", false).unwrap();
         assert_eq!(e.declare("a", "h", true), Err(KindClash));
-        e.declare("b", "h", true).unwrap();
-        e.declare("b", "h", true).unwrap();
+        assert_eq!(e.declare("b", "h", true), Ok(true));
+        assert_eq!(e.declare("b", "h", true), Ok(false));
         assert_eq!(e.declare("b", "h", false), Err(KindClash));
         assert!(e.set_gauge("a", 1.0));
         assert!(!e.set_gauge("b", 1.0));
@@ -174,5 +241,40 @@ mod tests {
         assert!(e.update_histogram("b", |c| c.add_window(1.0, 0, 0, 0, [(0, 1)], [])));
         assert!(!e.update_histogram("a", |_| ()));
         assert_eq!(e.len(), 2);
+    }
+
+    #[test]
+    fn a_snapshot_reads_every_metric_in_declared_order_and_a_fresh_one_nothing() {
+        let layout = ClassicLayout::new(1, 1.0, 2.0).unwrap();
+        let e = Exposition::new(vec![], 160, Some(layout), false);
+        assert_eq!(e.le_texts(), ["0.0", "1.0", "2.0", "+Inf"]);
+        e.declare("h", "hist", true).unwrap();
+        e.declare("g", "gauge", false).unwrap();
+        e.set_gauge("g", 2.5);
+        // 1.0 is the top of bucket -1, 1.5 in bucket 37; a zero and a +inf.
+        e.update_histogram("h", |c| c.add_window(3.0, 1, 1, 0, [(-1, 1), (37, 1)], []));
+        assert_eq!(
+            e.snapshot(),
+            [
+                (
+                    "h".into(),
+                    "hist".into(),
+                    Reading::Histogram(vec![1, 2, 3, 4], 3.0)
+                ),
+                ("g".into(), "gauge".into(), Reading::Gauge(2.5)),
+            ]
+        );
+        let _held = e.families.lock(); // as a fork may copy it
+        let declared = [("h".to_owned(), "hist".to_owned(), true)];
+        let fresh = e.fresh(&declared);
+        assert_eq!(fresh.le_texts(), e.le_texts());
+        assert_eq!(
+            fresh.snapshot()[0].2,
+            Reading::Histogram(vec![0, 0, 0, 0], 0.0)
+        );
+        let bare = Exposition::new(vec![], 160, None, false);
+        bare.declare("h", "hist", true).unwrap();
+        assert_eq!(bare.le_texts(), ["+Inf"]);
+        assert_eq!(bare.snapshot()[0].2, Reading::Histogram(vec![0], 0.0));
     }
 }

@@ -171,15 +171,21 @@ pub fn go_float(x: f64, out: &mut String) {
     // `{:e}` gives as many digits as the shortest round trip needs:
     // "-1.2345e-5". When two such strings are equally close to `x`, Python
     // picks the even last digit; `{:.Ne}` rounds `x` exactly, half to even,
-    // to that many digits, which is Python's string.
+    // to that many digits, which is Python's string when it reads back as
+    // `x`. Below a power of two the doubles are twice as dense, and the
+    // closest string may not read back; the shortest one is then the only
+    // one of its length that does, Python's too.
     let mut scientific = String::with_capacity(32);
     let _ = write!(scientific, "{x:e}");
     let shortest = scientific
         .split_once('e')
         .map_or(0, |(mantissa, _)| mantissa.trim_start_matches('-').len());
     let decimals = shortest.saturating_sub(2); // "d" or "d.ddd"
-    scientific.clear();
-    let _ = write!(scientific, "{x:.decimals$e}");
+    let mut rounded = String::with_capacity(32);
+    let _ = write!(rounded, "{x:.decimals$e}");
+    if rounded.parse::<f64>() == Ok(x) {
+        scientific = rounded;
+    }
     let (mantissa, exponent) = scientific.split_once('e').unwrap_or((&scientific, "0"));
     let exponent: i32 = exponent.parse().unwrap_or(0);
     let (negative, mantissa) = match mantissa.strip_prefix('-') {
@@ -264,6 +270,8 @@ mod tests {
             (2.5e-300, "2.5e-300"),
             // Halfway between two 17-digit strings: Python's even one.
             (1_760_485_316_806_258.0 + 0.25, "1.7604853168062582e+15"),
+            // 2**-97: the closest 16 digits (...094) read back as the double below.
+            (2f64.powi(-97), "6.310887241768095e-30"),
             (f64::INFINITY, "+Inf"),
             (f64::NEG_INFINITY, "-Inf"),
             (f64::NAN, "NaN"),

@@ -52,6 +52,9 @@ pub const MAX_SAMPLES_CAP: u64 = 1 << 61;
 /// a Prometheus scrape repeats the name on every series of every window.
 pub const MAX_NAME_CHARS: usize = 200;
 
+/// The name of a closed window's event (torch.monitor's).
+pub const STAT_EVENT: &str = "torch.monitor.Stat";
+
 /// The id of "no window yet", the initial `cur_id`/`closed_id` of the
 /// window algorithm (docs/internals.md). Window ids here are torch's shifted
 /// down by one (`t // window_ms`, not `+ 1`), so
