@@ -574,8 +574,6 @@ def _stop_servers_at_exit() -> None:
         sink._native.stop_server()
 
 
-
-
 class _ScrapeApp:
     """The WSGI application of :meth:`PrometheusEventHandler.wsgi_app`. It
     holds the handler weakly: a server left running does not keep a
