@@ -22,8 +22,9 @@
 //! The tables are printed by tools/gen_histogram_tables.py (exact integer
 //! arithmetic); the tests below prove them from scratch.
 
+use crate::decimal::{self, python_repr};
 use crate::sync::{AtomicPtr, AtomicU64, Ordering};
-use std::ptr;
+use std::{fmt, ptr};
 
 /// Buckets per octave are `2^SCALE`.
 pub const SCALE: i32 = 6;
@@ -558,7 +559,7 @@ impl Distribution {
     /// clamped into `[min, max]`. 0.0 for an empty window, NaN when all
     /// samples are NaN.
     pub fn quantile(&self, q: f64) -> f64 {
-        let (digits, exponent) = shortest_decimal(q.clamp(0.0, 1.0));
+        let (digits, exponent) = decimal::shortest(q.clamp(0.0, 1.0));
         self.quantile_by_rank(|n| {
             let scaled = u128::from(digits) * u128::from(n);
             match u32::try_from(-exponent) {
@@ -682,7 +683,7 @@ impl Place {
 /// Why `from_parts` (or one of its checks, which a binding may call as it
 /// converts arguments, so that errors come in argument order) refused a
 /// distribution. Each names the argument at fault and carries the data of
-/// its message; the binding words it (floats as Python writes them).
+/// its message, worded by its `Display`.
 #[derive(Clone, Debug, PartialEq)]
 pub enum InvalidDistribution {
     /// A scale other than `SCALE`, the only one supported.
@@ -732,6 +733,67 @@ impl InvalidDistribution {
             Self::MinAboveMax { .. } => "min",
             Self::Extreme { is_min: true, .. } => "min",
             Self::Extreme { is_min: false, .. } => "max",
+        }
+    }
+}
+
+/// The problem, worded to follow the name of the argument at fault
+/// (`argument`): the bindings' argument-error format is `{call}({argument}):
+/// {argument} {problem}` (docs/api.md). Floats are written as Python's
+/// `repr` writes them, as the Python API shows them.
+impl fmt::Display for InvalidDistribution {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Scale { scale } => {
+                write!(f, "must be {SCALE} (the only one supported), got {scale}")
+            }
+            Self::Negative { value, .. } => write!(f, "must be >= 0, got {value}"),
+            Self::TooLarge {
+                argument: "positive" | "negative",
+                value,
+            } => write!(f, "must hold bucket counts below 2**64, got {value}"),
+            Self::TooLarge { value, .. } => write!(f, "must be below 2**64, got {value}"),
+            Self::IndexOutOfRange { index, .. } => write!(
+                f,
+                "has bucket index {index}, which holds no finite double at scale {SCALE} \
+                 (must be in {MIN_INDEX}..{MAX_INDEX})"
+            ),
+            Self::EmptyBucket { index, count, .. } => {
+                write!(f, "must count > 0 samples in bucket {index}, got {count}")
+            }
+            Self::NotAscending {
+                previous, index, ..
+            } => write!(
+                f,
+                "must have strictly ascending bucket indices ({previous} then {index})"
+            ),
+            Self::CountMismatch { count, counted } => write!(
+                f,
+                "must equal the samples counted in the buckets, zeros, NaNs and infinities \
+                 ({counted}), got {count}"
+            ),
+            Self::MinAboveMax { min, max } => write!(
+                f,
+                "must be <= max, got min={}, max={}",
+                python_repr(*min),
+                python_repr(*max)
+            ),
+            Self::Extreme {
+                is_min,
+                value,
+                place,
+            } => {
+                write!(f, "{} is not in ", python_repr(*value))?;
+                match place {
+                    Place::NegativeInf => f.write_str("negative_inf_count")?,
+                    Place::Negative(index) => write!(f, "negative bucket {index}")?,
+                    Place::Zero => f.write_str("zero_count")?,
+                    Place::Positive(index) => write!(f, "positive bucket {index}")?,
+                    Place::PositiveInf => f.write_str("positive_inf_count")?,
+                }
+                let which = if *is_min { "smallest" } else { "largest" };
+                write!(f, ", where the {which} sample is counted")
+            }
         }
     }
 }
@@ -870,6 +932,76 @@ impl Distribution {
     }
 }
 
+/// A distribution's fields by name, in the order of `torchmon.Distribution`'s
+/// signature, of its `to_dict` and of its pickle (docs/api.md, "Distribution").
+pub const FIELDS: [&str; 11] = [
+    "scale",
+    "count",
+    "sum",
+    "min",
+    "max",
+    "zero_count",
+    "nan_count",
+    "positive_inf_count",
+    "negative_inf_count",
+    "positive",
+    "negative",
+];
+/// The fields without a default.
+pub const REQUIRED: [&str; 4] = ["count", "sum", "min", "max"];
+
+/// One field's value (`Distribution::fields`).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Field<'a> {
+    /// The scale or one of the counts.
+    Count(u64),
+    /// The sum, min or max.
+    Float(f64),
+    /// The `(index, count)` pairs of one sign.
+    Buckets(&'a [(i32, u64)]),
+}
+
+impl Distribution {
+    /// Each field's value, in the order of `FIELDS`.
+    pub fn fields(&self) -> [Field<'_>; 11] {
+        let b = &self.buckets;
+        [
+            Field::Count(SCALE as u64),
+            Field::Count(self.count),
+            Field::Float(self.sum),
+            Field::Float(self.min),
+            Field::Float(self.max),
+            Field::Count(b.zero_count),
+            Field::Count(b.nan_count),
+            Field::Count(b.positive_inf_count),
+            Field::Count(b.negative_inf_count),
+            Field::Buckets(&b.positive),
+            Field::Buckets(&b.negative),
+        ]
+    }
+}
+
+/// `repr(torchmon.Distribution)`: the fields but the scale, floats as Python
+/// writes them, the zero, NaN and infinity counts only when not 0, and the
+/// number of buckets of each sign, e.g. `Distribution(count=2, sum=3.0,
+/// min=1.0, max=2.0, positive=2 buckets, negative=0 buckets)`.
+impl fmt::Display for Distribution {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("Distribution(")?;
+        for (name, field) in FIELDS.into_iter().zip(self.fields()).skip(1) {
+            // `count` is always written, and first.
+            let separator = if name == "count" { "" } else { ", " };
+            match field {
+                Field::Count(0) if name != "count" => {}
+                Field::Count(value) => write!(f, "{separator}{name}={value}")?,
+                Field::Float(value) => write!(f, "{separator}{name}={}", python_repr(value))?,
+                Field::Buckets(pairs) => write!(f, "{separator}{name}={} buckets", pairs.len())?,
+            }
+        }
+        f.write_str(")")
+    }
+}
+
 /// Equal as values: NaN equals NaN (whatever its payload), `-0.0` only
 /// `-0.0`, so that a distribution equals its round trip through text.
 fn same_float(a: f64, b: f64) -> bool {
@@ -939,19 +1071,6 @@ fn merge_counts(a: &[(i32, u64)], b: &[(i32, u64)]) -> Option<Vec<(i32, u64)>> {
     out.extend_from_slice(&a[i..]);
     out.extend_from_slice(&b[j..]);
     Some(out)
-}
-
-/// `(digits, exponent)` with `value = digits * 10^exponent` written with
-/// the fewest digits that read back as `value` (the nearest such when
-/// several are), as Rust's `{:e}` and Python's `repr` both write it.
-fn shortest_decimal(value: f64) -> (u64, i32) {
-    let text = format!("{:e}", value.abs());
-    let (mantissa, exponent) = text.split_once('e').unwrap_or((&text, "0"));
-    let (whole, fraction) = mantissa.split_once('.').unwrap_or((mantissa, ""));
-    // At most 17 significant digits: they fit a u64.
-    let digits = format!("{whole}{fraction}").parse().unwrap_or(0);
-    let exponent: i32 = exponent.parse().unwrap_or(0);
-    (digits, exponent - fraction.len() as i32)
 }
 
 /// The largest double whose bucket is `index` or below: `2^((index+1)/64)`
