@@ -1,9 +1,9 @@
 //! `torchmon.Distribution` (docs/api.md, "Distribution"): the core's
 //! `histogram::Distribution` wrapped. Only conversion lives here: Python
-//! objects to the core's parts (the checks of argument types) and back, and
-//! the wording of the core's `InvalidDistribution` (floats as Python's repr
-//! writes them). Every rule (values, quantile, merge, bucket bounds, the
-//! OpenTelemetry downscaling) is the core's.
+//! objects to the core's parts (the checks of argument types) and back.
+//! Every rule (values, quantile, merge, bucket bounds, the OpenTelemetry
+//! downscaling), the field list, the wording of `InvalidDistribution` and
+//! the repr are the core's.
 
 use std::sync::{Arc, OnceLock};
 
@@ -11,7 +11,7 @@ use pyo3::exceptions::{PyAttributeError, PyTypeError};
 use pyo3::prelude::*;
 use pyo3::types::{PyBool, PyBytes, PyDict, PyFloat, PyInt, PyList, PyString, PyTuple, PyType};
 use torchmon_core::histogram::{
-    self as core, Distribution, DistributionParts, InvalidDistribution, Place,
+    self as core, Distribution, DistributionParts, FIELDS, Field, InvalidDistribution, REQUIRED,
 };
 
 use crate::py_convert::{arg_message, arg_type_error, arg_value_error, type_name};
@@ -19,23 +19,6 @@ use crate::py_convert::{arg_message, arg_type_error, arg_value_error, type_name}
 const CALL: &str = "Distribution";
 /// How a non-finite float is written, as the JSON-lines sink writes a data value.
 const FLOAT_TAG: &str = "$float";
-/// The keyword arguments, in the order of the signature and of `to_dict`.
-const FIELDS: [&str; 11] = [
-    "scale",
-    "count",
-    "sum",
-    "min",
-    "max",
-    "zero_count",
-    "nan_count",
-    "positive_inf_count",
-    "negative_inf_count",
-    "positive",
-    "negative",
-];
-/// The arguments without a default.
-const REQUIRED: [&str; 4] = ["count", "sum", "min", "max"];
-
 #[pyclass(name = "Distribution", module = "torchmon", frozen)]
 pub struct PyDistribution {
     /// Shared with the window that made it, if one did.
@@ -69,16 +52,14 @@ impl PyDistribution {
     }
 
     /// The checked constructor, from the keyword arguments by name.
-    fn from_fields(py: Python<'_>, fields: &[Option<Bound<'_, PyAny>>; 11]) -> PyResult<Self> {
+    fn from_fields(fields: &[Option<Bound<'_, PyAny>>; 11]) -> PyResult<Self> {
         let field =
             |name: &str| fields[FIELDS.iter().position(|f| *f == name).unwrap_or(0)].as_ref();
         if let Some(scale) = field("scale") {
-            core::check_scale(int_arg(CALL, scale, "scale")?).map_err(|e| invalid(py, e))?;
+            core::check_scale(int_arg(CALL, scale, "scale")?).map_err(invalid)?;
         }
         let count = |name: &'static str| match field(name) {
-            Some(value) => {
-                core::check_count(name, int_arg(CALL, value, name)?).map_err(|e| invalid(py, e))
-            }
+            Some(value) => core::check_count(name, int_arg(CALL, value, name)?).map_err(invalid),
             None => Ok(0),
         };
         let (count, zero_count, nan_count, positive_inf_count, negative_inf_count) = (
@@ -104,73 +85,36 @@ impl PyDistribution {
             positive: buckets("positive")?,
             negative: buckets("negative")?,
         };
-        let inner = Distribution::from_parts(parts).map_err(|e| invalid(py, e))?;
+        let inner = Distribution::from_parts(parts).map_err(invalid)?;
         Ok(Self::from_core(Arc::new(inner)))
     }
-}
 
-/// Python's `repr` of a float.
-fn float_repr(py: Python<'_>, value: f64) -> PyResult<String> {
-    Ok(PyFloat::new(py, value).repr()?.to_string())
+    /// The fields' values in `FIELDS`' order, as `to_dict` writes them
+    /// (`for_dict`: non-finite floats tagged, buckets as lists) or as the
+    /// pickle holds them (floats, the tuples of the getters).
+    fn values<'py>(&self, py: Python<'py>, for_dict: bool) -> PyResult<Vec<Bound<'py, PyAny>>> {
+        let value = |name: &str, field: Field<'_>| -> PyResult<Bound<'py, PyAny>> {
+            Ok(match field {
+                Field::Count(count) => count.into_pyobject(py)?.into_any(),
+                Field::Float(value) if for_dict => encode_float(py, value)?,
+                Field::Float(value) => PyFloat::new(py, value).into_any(),
+                Field::Buckets(pairs) if for_dict => {
+                    let lists = pairs
+                        .iter()
+                        .map(|pair| Ok(pair.into_pyobject(py)?.to_list()));
+                    PyList::new(py, lists.collect::<PyResult<Vec<_>>>()?)?.into_any()
+                }
+                Field::Buckets(_) => self.side(py, usize::from(name == "negative"))?.into_any(),
+            })
+        };
+        let fields = FIELDS.into_iter().zip(self.inner.fields());
+        fields.map(|(name, field)| value(name, field)).collect()
+    }
 }
 
 /// A ValueError naming the argument of `Distribution(...)` at fault.
-fn invalid(py: Python<'_>, error: InvalidDistribution) -> PyErr {
-    use InvalidDistribution::*;
-    let (min_index, max_index) = (core::MIN_INDEX, core::MAX_INDEX);
-    let text = match &error {
-        Scale { scale } => Ok(format!(
-            "must be {} (the only one supported), got {scale}",
-            core::SCALE
-        )),
-        Negative { value, .. } => Ok(format!("must be >= 0, got {value}")),
-        TooLarge {
-            argument: "positive" | "negative",
-            value,
-        } => Ok(format!("must hold bucket counts below 2**64, got {value}")),
-        TooLarge { value, .. } => Ok(format!("must be below 2**64, got {value}")),
-        IndexOutOfRange { index, .. } => Ok(format!(
-            "has bucket index {index}, which holds no finite double at scale 6 \
-             (must be in {min_index}..{max_index})"
-        )),
-        EmptyBucket { index, count, .. } => Ok(format!(
-            "must count > 0 samples in bucket {index}, got {count}"
-        )),
-        NotAscending {
-            previous, index, ..
-        } => Ok(format!(
-            "must have strictly ascending bucket indices ({previous} then {index})"
-        )),
-        CountMismatch { count, counted } => Ok(format!(
-            "must equal the samples counted in the buckets, zeros, NaNs and infinities \
-             ({counted}), got {count}"
-        )),
-        MinAboveMax { min, max } => float_repr(py, *min).and_then(|min| {
-            Ok(format!(
-                "must be <= max, got min={min}, max={}",
-                float_repr(py, *max)?
-            ))
-        }),
-        Extreme {
-            is_min,
-            value,
-            place,
-        } => float_repr(py, *value).map(|value| {
-            let place = match place {
-                Place::NegativeInf => "negative_inf_count".to_owned(),
-                Place::Negative(index) => format!("negative bucket {index}"),
-                Place::Zero => "zero_count".to_owned(),
-                Place::Positive(index) => format!("positive bucket {index}"),
-                Place::PositiveInf => "positive_inf_count".to_owned(),
-            };
-            let which = if *is_min { "smallest" } else { "largest" };
-            format!("{value} is not in {place}, where the {which} sample is counted")
-        }),
-    };
-    match text {
-        Ok(text) => arg_value_error(CALL, error.argument(), text),
-        Err(err) => err,
-    }
+fn invalid(error: InvalidDistribution) -> PyErr {
+    arg_value_error(CALL, error.argument(), error)
 }
 
 fn is_int(value: &Bound<'_, PyAny>) -> bool {
@@ -289,7 +233,7 @@ fn buckets_arg(value: &Bound<'_, PyAny>, name: &'static str) -> PyResult<Vec<(i6
             return Err(must_hold(format!("must hold int bucket counts, not {got}")));
         }
         let pair = core::check_bucket(name, previous, saturated(&index), saturated(&count))
-            .map_err(|e| invalid(py, e))?;
+            .map_err(invalid)?;
         previous = Some(pair.0);
         out.push(pair);
     }
@@ -403,7 +347,7 @@ impl PyDistribution {
                           positive_inf_count=0, negative_inf_count=0, positive=(), negative=())"
     )]
     fn new(args: &Bound<'_, PyTuple>, kwargs: Option<&Bound<'_, PyDict>>) -> PyResult<Self> {
-        Self::from_fields(args.py(), &keyword_fields(args, kwargs)?)
+        Self::from_fields(&keyword_fields(args, kwargs)?)
     }
 
     /// The native Stat's constructor for tests: positional, unchecked.
@@ -528,31 +472,10 @@ impl PyDistribution {
     }
 
     fn to_dict<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
-        let d = &self.inner;
-        let b = &d.buckets;
-        let lists = |side: &[(i32, u64)]| -> PyResult<Bound<'py, PyList>> {
-            let out = PyList::empty(py);
-            for &(index, count) in side {
-                let index = index.into_pyobject(py)?.into_any();
-                out.append(PyList::new(
-                    py,
-                    [index, count.into_pyobject(py)?.into_any()],
-                )?)?;
-            }
-            Ok(out)
-        };
         let out = PyDict::new(py);
-        out.set_item("scale", core::SCALE)?;
-        out.set_item("count", d.count)?;
-        for (name, value) in [("sum", d.sum), ("min", d.min), ("max", d.max)] {
-            out.set_item(name, encode_float(py, value)?)?;
+        for (name, value) in FIELDS.into_iter().zip(self.values(py, true)?) {
+            out.set_item(name, value)?;
         }
-        out.set_item("zero_count", b.zero_count)?;
-        out.set_item("nan_count", b.nan_count)?;
-        out.set_item("positive_inf_count", b.positive_inf_count)?;
-        out.set_item("negative_inf_count", b.negative_inf_count)?;
-        out.set_item("positive", lists(&b.positive)?)?;
-        out.set_item("negative", lists(&b.negative)?)?;
         Ok(out)
     }
 
@@ -594,7 +517,7 @@ impl PyDistribution {
                 });
             }
         }
-        Self::from_fields(py, &fields)
+        Self::from_fields(&fields)
     }
 
     /// Equal when every field is; NaN sum/min/max equal NaN (and -0.0 only
@@ -630,48 +553,12 @@ impl PyDistribution {
         slf: &Bound<'py, Self>,
     ) -> PyResult<(Bound<'py, PyAny>, Bound<'py, PyTuple>)> {
         let py = slf.py();
-        let this = slf.get();
-        let d = &this.inner;
-        let b = &d.buckets;
         let restore = py.import("torchmon._distribution")?.getattr("_restore")?;
-        let fields = (
-            core::SCALE,
-            d.count,
-            d.sum,
-            d.min,
-            d.max,
-            b.zero_count,
-            b.nan_count,
-            b.positive_inf_count,
-            b.negative_inf_count,
-            this.side(py, 0)?,
-            this.side(py, 1)?,
-        );
-        Ok((restore, fields.into_pyobject(py)?))
+        Ok((restore, PyTuple::new(py, slf.get().values(py, false)?)?))
     }
 
-    fn __repr__(&self, py: Python<'_>) -> PyResult<String> {
-        let d = &self.inner;
-        let b = &d.buckets;
-        let mut parts = vec![
-            format!("count={}", d.count),
-            format!("sum={}", float_repr(py, d.sum)?),
-            format!("min={}", float_repr(py, d.min)?),
-            format!("max={}", float_repr(py, d.max)?),
-        ];
-        for (name, value) in [
-            ("zero_count", b.zero_count),
-            ("nan_count", b.nan_count),
-            ("positive_inf_count", b.positive_inf_count),
-            ("negative_inf_count", b.negative_inf_count),
-        ] {
-            if value != 0 {
-                parts.push(format!("{name}={value}"));
-            }
-        }
-        parts.push(format!("positive={} buckets", b.positive.len()));
-        parts.push(format!("negative={} buckets", b.negative.len()));
-        Ok(format!("Distribution({})", parts.join(", ")))
+    fn __repr__(&self) -> String {
+        self.inner.to_string()
     }
 
     /// The buckets as an OpenTelemetry exponential histogram point holds
