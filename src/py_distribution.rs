@@ -10,6 +10,7 @@ use std::sync::{Arc, OnceLock};
 use pyo3::exceptions::{PyAttributeError, PyTypeError};
 use pyo3::prelude::*;
 use pyo3::types::{PyBool, PyBytes, PyDict, PyFloat, PyInt, PyList, PyString, PyTuple, PyType};
+use torchmon_core::decimal::python_repr;
 use torchmon_core::histogram::{
     self as core, Distribution, DistributionParts, FIELDS, Field, InvalidDistribution, REQUIRED,
 };
@@ -121,6 +122,11 @@ fn is_int(value: &Bound<'_, PyAny>) -> bool {
     value.is_instance_of::<PyInt>() && !value.is_instance_of::<PyBool>()
 }
 
+/// What a float argument takes: a float or an int, not bool.
+fn is_real(value: &Bound<'_, PyAny>) -> bool {
+    value.is_instance_of::<PyFloat>() || is_int(value)
+}
+
 /// An int argument (bool refused), past `i128` saturated: the core's rules
 /// refuse those anyway.
 fn int_arg(call: &str, value: &Bound<'_, PyAny>, name: &str) -> PyResult<i128> {
@@ -142,9 +148,7 @@ fn saturated(int: &Bound<'_, PyAny>) -> i128 {
 
 /// A float argument: a float or an int (not bool) within the float range.
 fn float_arg(value: &Bound<'_, PyAny>, name: &str) -> PyResult<f64> {
-    if value.is_instance_of::<PyBool>()
-        || !(value.is_instance_of::<PyFloat>() || value.is_instance_of::<PyInt>())
-    {
+    if !is_real(value) {
         return Err(arg_type_error(CALL, name, "a float", value));
     }
     value.extract::<f64>().or_else(|_| {
@@ -245,13 +249,9 @@ fn encode_float(py: Python<'_>, value: f64) -> PyResult<Bound<'_, PyAny>> {
     if value.is_finite() {
         return Ok(PyFloat::new(py, value).into_any());
     }
-    let text = match value {
-        v if v.is_nan() => "nan",
-        v if v > 0.0 => "inf",
-        _ => "-inf",
-    };
+    // "nan", "inf" or "-inf", as Python writes them.
     let tagged = PyDict::new(py);
-    tagged.set_item(FLOAT_TAG, text)?;
+    tagged.set_item(FLOAT_TAG, python_repr(value))?;
     Ok(tagged.into_any())
 }
 
@@ -446,9 +446,7 @@ impl PyDistribution {
 
     fn quantile(&self, q: &Bound<'_, PyAny>) -> PyResult<f64> {
         const WHO: &str = "Distribution.quantile";
-        if q.is_instance_of::<PyBool>()
-            || !(q.is_instance_of::<PyFloat>() || q.is_instance_of::<PyInt>())
-        {
+        if !is_real(q) {
             return Err(arg_type_error(WHO, "q", "a float", q));
         }
         // An int past the float range is past 1.
@@ -521,16 +519,11 @@ impl PyDistribution {
     }
 
     /// Equal when every field is; NaN sum/min/max equal NaN (and -0.0 only
-    /// -0.0), so that a distribution equals its round trip.
-    fn __eq__(&self, other: &Bound<'_, PyAny>) -> Py<PyAny> {
-        let py = other.py();
-        match other.cast::<PyDistribution>() {
-            Ok(other) => PyBool::new(py, self.inner.same(&other.get().inner))
-                .to_owned()
-                .into_any()
-                .unbind(),
-            Err(_) => py.NotImplemented(),
-        }
+    /// -0.0), so that a distribution equals its round trip. Anything but a
+    /// Distribution fails the argument's extraction, which PyO3 answers
+    /// with `NotImplemented`.
+    fn __eq__(&self, other: &Bound<'_, Self>) -> bool {
+        self.inner.same(&other.get().inner)
     }
 
     fn __setattr__(&self, name: &Bound<'_, PyAny>, _value: &Bound<'_, PyAny>) -> PyResult<()> {
