@@ -10,7 +10,7 @@ use std::sync::{Arc, OnceLock};
 use pyo3::exceptions::{PyAttributeError, PyTypeError};
 use pyo3::prelude::*;
 use pyo3::types::{PyBool, PyBytes, PyDict, PyFloat, PyInt, PyList, PyString, PyTuple, PyType};
-use torchmon_core::decimal::python_repr;
+use torchmon_core::decimal::{non_finite, python_repr};
 use torchmon_core::histogram::{
     self as core, Distribution, DistributionParts, FIELDS, Field, InvalidDistribution, REQUIRED,
 };
@@ -54,8 +54,7 @@ impl PyDistribution {
 
     /// The checked constructor, from the keyword arguments by name.
     fn from_fields(fields: &[Option<Bound<'_, PyAny>>; 11]) -> PyResult<Self> {
-        let field =
-            |name: &str| fields[FIELDS.iter().position(|f| *f == name).unwrap_or(0)].as_ref();
+        let field = |name: &str| core::field_index(name).and_then(|i| fields[i].as_ref());
         if let Some(scale) = field("scale") {
             core::check_scale(int_arg(CALL, scale, "scale")?).map_err(invalid)?;
         }
@@ -266,26 +265,20 @@ fn decode_float<'py>(value: Bound<'py, PyAny>, name: &str) -> PyResult<Bound<'py
         return Ok(value);
     }
     let text = value.get_item(FLOAT_TAG)?;
-    let decoded = match text
+    let decoded = text
         .cast::<PyString>()
         .ok()
-        .map(|t| t.to_string())
-        .as_deref()
-    {
-        Some("nan") => f64::NAN,
-        Some("inf") => f64::INFINITY,
-        Some("-inf") => f64::NEG_INFINITY,
-        _ => {
-            let (got, name) = (short_repr(&text)?, PyString::new(py, name).repr()?);
-            return Err(arg_value_error(
-                "Distribution.from_dict",
-                "d",
-                format_args!(
-                    "holds {got} at d[{name}], where {{\"{FLOAT_TAG}\": ...}} \
-                     must be \"nan\", \"inf\" or \"-inf\""
-                ),
-            ));
-        }
+        .and_then(|t| non_finite(&t.to_string()));
+    let Some(decoded) = decoded else {
+        let (got, name) = (short_repr(&text)?, PyString::new(py, name).repr()?);
+        return Err(arg_value_error(
+            "Distribution.from_dict",
+            "d",
+            format_args!(
+                "holds {got} at d[{name}], where {{\"{FLOAT_TAG}\": ...}} \
+                 must be \"nan\", \"inf\" or \"-inf\""
+            ),
+        ));
     };
     Ok(PyFloat::new(py, decoded).into_any())
 }
@@ -306,10 +299,7 @@ fn keyword_fields<'py>(
     let mut fields: [Option<Bound<'py, PyAny>>; 11] = Default::default();
     for (key, value) in kwargs.into_iter().flatten() {
         let key = key.cast_into::<PyString>()?;
-        let Some(slot) = FIELDS
-            .iter()
-            .position(|f| key.to_cow().is_ok_and(|k| k == *f))
-        else {
+        let Some(slot) = key.to_cow().ok().and_then(|k| core::field_index(&k)) else {
             return Err(PyTypeError::new_err(format!(
                 "{WHO} got an unexpected keyword argument {}",
                 key.repr()?
@@ -319,7 +309,7 @@ fn keyword_fields<'py>(
     }
     let missing: Vec<String> = REQUIRED
         .iter()
-        .filter(|name| fields[FIELDS.iter().position(|f| f == *name).unwrap_or(0)].is_none())
+        .filter(|name| core::field_index(name).is_some_and(|i| fields[i].is_none()))
         .map(|name| format!("'{name}'"))
         .collect();
     if let Some((last, rest)) = missing.split_last() {

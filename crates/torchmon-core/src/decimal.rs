@@ -53,6 +53,17 @@ pub fn python_repr(value: f64) -> String {
     }
 }
 
+/// The non-finite double `python_repr` writes as `text` ("nan", "inf" or
+/// "-inf"), read back; `None` for any other text.
+pub fn non_finite(text: &str) -> Option<f64> {
+    match text {
+        "nan" => Some(f64::NAN),
+        "inf" => Some(f64::INFINITY),
+        "-inf" => Some(f64::NEG_INFINITY),
+        _ => None,
+    }
+}
+
 #[cfg(all(test, not(loom)))]
 mod tests {
     use super::*;
@@ -81,5 +92,16 @@ mod tests {
             lines += 1;
         }
         assert!(lines > 600, "the table has {lines} lines");
+    }
+
+    #[test]
+    fn non_finite_reads_back_what_python_repr_writes() {
+        for value in [f64::NAN, -f64::NAN, f64::INFINITY, f64::NEG_INFINITY] {
+            let read = non_finite(&python_repr(value)).expect("a non-finite text");
+            assert!(read.is_nan() && value.is_nan() || read == value);
+        }
+        for text in ["NaN", "Infinity", "+inf", "1.0", ""] {
+            assert_eq!(non_finite(text), None);
+        }
     }
 }

@@ -950,6 +950,11 @@ pub const FIELDS: [&str; 11] = [
 /// The fields without a default.
 pub const REQUIRED: [&str; 4] = ["count", "sum", "min", "max"];
 
+/// The place of the field `name` in `FIELDS`.
+pub fn field_index(name: &str) -> Option<usize> {
+    FIELDS.iter().position(|field| *field == name)
+}
+
 /// One field's value (`Distribution::fields`).
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub enum Field<'a> {
