@@ -99,10 +99,12 @@ impl PyDistribution {
                 Field::Float(value) if for_dict => encode_float(py, value)?,
                 Field::Float(value) => PyFloat::new(py, value).into_any(),
                 Field::Buckets(pairs) if for_dict => {
-                    let lists = pairs
-                        .iter()
-                        .map(|pair| Ok(pair.into_pyobject(py)?.to_list()));
-                    PyList::new(py, lists.collect::<PyResult<Vec<_>>>()?)?.into_any()
+                    let out = PyList::empty(py);
+                    for &(index, count) in pairs {
+                        let (index, count) = (index.into_pyobject(py)?, count.into_pyobject(py)?);
+                        out.append(PyList::new(py, [index.into_any(), count.into_any()])?)?;
+                    }
+                    out.into_any()
                 }
                 Field::Buckets(_) => self.side(py, usize::from(name == "negative"))?.into_any(),
             })
@@ -355,7 +357,7 @@ impl PyDistribution {
         negative_inf_count: u64,
         positive: Vec<(i32, u64)>,
         negative: Vec<(i32, u64)>,
-    ) -> PyResult<Self> {
+    ) -> Self {
         let buckets = core::Buckets {
             zero_count,
             nan_count,
@@ -371,7 +373,7 @@ impl PyDistribution {
             max,
             buckets,
         };
-        Ok(Self::from_core(Arc::new(inner)))
+        Self::from_core(Arc::new(inner))
     }
 
     #[getter]
