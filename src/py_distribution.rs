@@ -20,6 +20,7 @@ use crate::py_convert::{arg_message, arg_type_error, arg_value_error, type_name}
 const CALL: &str = "Distribution";
 /// How a non-finite float is written, as the JSON-lines sink writes a data value.
 const FLOAT_TAG: &str = "$float";
+
 #[pyclass(name = "Distribution", module = "torchmon", frozen)]
 pub struct PyDistribution {
     /// Shared with the window that made it, if one did.
