@@ -1,17 +1,18 @@
 //! `torchmon.Distribution` (docs/api.md, "Distribution"): the core's
 //! `histogram::Distribution` wrapped. Only conversion lives here: Python
-//! objects to the core's parts (the checks of argument types) and back, and
-//! the wording of the core's `InvalidDistribution` (floats as Python's repr
-//! writes them). Every rule (values, quantile, merge, bucket bounds, the
-//! OpenTelemetry downscaling) is the core's.
+//! objects to the core's parts (the checks of argument types) and back.
+//! Every rule (values, quantile, merge, bucket bounds, the OpenTelemetry
+//! downscaling), the field list, the wording of `InvalidDistribution` and
+//! the repr are the core's.
 
 use std::sync::{Arc, OnceLock};
 
 use pyo3::exceptions::{PyAttributeError, PyTypeError};
 use pyo3::prelude::*;
 use pyo3::types::{PyBool, PyBytes, PyDict, PyFloat, PyInt, PyList, PyString, PyTuple, PyType};
+use torchmon_core::decimal::{non_finite, python_repr};
 use torchmon_core::histogram::{
-    self as core, Distribution, DistributionParts, InvalidDistribution, Place,
+    self as core, Distribution, DistributionParts, FIELDS, Field, InvalidDistribution, REQUIRED,
 };
 
 use crate::py_convert::{arg_message, arg_type_error, arg_value_error, type_name};
@@ -19,22 +20,6 @@ use crate::py_convert::{arg_message, arg_type_error, arg_value_error, type_name}
 const CALL: &str = "Distribution";
 /// How a non-finite float is written, as the JSON-lines sink writes a data value.
 const FLOAT_TAG: &str = "$float";
-/// The keyword arguments, in the order of the signature and of `to_dict`.
-const FIELDS: [&str; 11] = [
-    "scale",
-    "count",
-    "sum",
-    "min",
-    "max",
-    "zero_count",
-    "nan_count",
-    "positive_inf_count",
-    "negative_inf_count",
-    "positive",
-    "negative",
-];
-/// The arguments without a default.
-const REQUIRED: [&str; 4] = ["count", "sum", "min", "max"];
 
 #[pyclass(name = "Distribution", module = "torchmon", frozen)]
 pub struct PyDistribution {
@@ -69,16 +54,13 @@ impl PyDistribution {
     }
 
     /// The checked constructor, from the keyword arguments by name.
-    fn from_fields(py: Python<'_>, fields: &[Option<Bound<'_, PyAny>>; 11]) -> PyResult<Self> {
-        let field =
-            |name: &str| fields[FIELDS.iter().position(|f| *f == name).unwrap_or(0)].as_ref();
+    fn from_fields(fields: &[Option<Bound<'_, PyAny>>; 11]) -> PyResult<Self> {
+        let field = |name: &str| core::field_index(name).and_then(|i| fields[i].as_ref());
         if let Some(scale) = field("scale") {
-            core::check_scale(int_arg(CALL, scale, "scale")?).map_err(|e| invalid(py, e))?;
+            core::check_scale(int_arg(CALL, scale, "scale")?).map_err(invalid)?;
         }
         let count = |name: &'static str| match field(name) {
-            Some(value) => {
-                core::check_count(name, int_arg(CALL, value, name)?).map_err(|e| invalid(py, e))
-            }
+            Some(value) => core::check_count(name, int_arg(CALL, value, name)?).map_err(invalid),
             None => Ok(0),
         };
         let (count, zero_count, nan_count, positive_inf_count, negative_inf_count) = (
@@ -104,77 +86,47 @@ impl PyDistribution {
             positive: buckets("positive")?,
             negative: buckets("negative")?,
         };
-        let inner = Distribution::from_parts(parts).map_err(|e| invalid(py, e))?;
+        let inner = Distribution::from_parts(parts).map_err(invalid)?;
         Ok(Self::from_core(Arc::new(inner)))
     }
-}
 
-/// Python's `repr` of a float.
-fn float_repr(py: Python<'_>, value: f64) -> PyResult<String> {
-    Ok(PyFloat::new(py, value).repr()?.to_string())
+    /// The fields' values in `FIELDS`' order, as `to_dict` writes them
+    /// (`for_dict`: non-finite floats tagged, buckets as lists) or as the
+    /// pickle holds them (floats, the tuples of the getters).
+    fn values<'py>(&self, py: Python<'py>, for_dict: bool) -> PyResult<Vec<Bound<'py, PyAny>>> {
+        let value = |name: &str, field: Field<'_>| -> PyResult<Bound<'py, PyAny>> {
+            Ok(match field {
+                Field::Count(count) => count.into_pyobject(py)?.into_any(),
+                Field::Float(value) if for_dict => encode_float(py, value)?,
+                Field::Float(value) => PyFloat::new(py, value).into_any(),
+                Field::Buckets(pairs) if for_dict => {
+                    let out = PyList::empty(py);
+                    for &(index, count) in pairs {
+                        let (index, count) = (index.into_pyobject(py)?, count.into_pyobject(py)?);
+                        out.append(PyList::new(py, [index.into_any(), count.into_any()])?)?;
+                    }
+                    out.into_any()
+                }
+                Field::Buckets(_) => self.side(py, usize::from(name == "negative"))?.into_any(),
+            })
+        };
+        let fields = FIELDS.into_iter().zip(self.inner.fields());
+        fields.map(|(name, field)| value(name, field)).collect()
+    }
 }
 
 /// A ValueError naming the argument of `Distribution(...)` at fault.
-fn invalid(py: Python<'_>, error: InvalidDistribution) -> PyErr {
-    use InvalidDistribution::*;
-    let (min_index, max_index) = (core::MIN_INDEX, core::MAX_INDEX);
-    let text = match &error {
-        Scale { scale } => Ok(format!(
-            "must be {} (the only one supported), got {scale}",
-            core::SCALE
-        )),
-        Negative { value, .. } => Ok(format!("must be >= 0, got {value}")),
-        TooLarge {
-            argument: "positive" | "negative",
-            value,
-        } => Ok(format!("must hold bucket counts below 2**64, got {value}")),
-        TooLarge { value, .. } => Ok(format!("must be below 2**64, got {value}")),
-        IndexOutOfRange { index, .. } => Ok(format!(
-            "has bucket index {index}, which holds no finite double at scale 6 \
-             (must be in {min_index}..{max_index})"
-        )),
-        EmptyBucket { index, count, .. } => Ok(format!(
-            "must count > 0 samples in bucket {index}, got {count}"
-        )),
-        NotAscending {
-            previous, index, ..
-        } => Ok(format!(
-            "must have strictly ascending bucket indices ({previous} then {index})"
-        )),
-        CountMismatch { count, counted } => Ok(format!(
-            "must equal the samples counted in the buckets, zeros, NaNs and infinities \
-             ({counted}), got {count}"
-        )),
-        MinAboveMax { min, max } => float_repr(py, *min).and_then(|min| {
-            Ok(format!(
-                "must be <= max, got min={min}, max={}",
-                float_repr(py, *max)?
-            ))
-        }),
-        Extreme {
-            is_min,
-            value,
-            place,
-        } => float_repr(py, *value).map(|value| {
-            let place = match place {
-                Place::NegativeInf => "negative_inf_count".to_owned(),
-                Place::Negative(index) => format!("negative bucket {index}"),
-                Place::Zero => "zero_count".to_owned(),
-                Place::Positive(index) => format!("positive bucket {index}"),
-                Place::PositiveInf => "positive_inf_count".to_owned(),
-            };
-            let which = if *is_min { "smallest" } else { "largest" };
-            format!("{value} is not in {place}, where the {which} sample is counted")
-        }),
-    };
-    match text {
-        Ok(text) => arg_value_error(CALL, error.argument(), text),
-        Err(err) => err,
-    }
+fn invalid(error: InvalidDistribution) -> PyErr {
+    arg_value_error(CALL, error.argument(), error)
 }
 
 fn is_int(value: &Bound<'_, PyAny>) -> bool {
     value.is_instance_of::<PyInt>() && !value.is_instance_of::<PyBool>()
+}
+
+/// What a float argument takes: a float or an int, not bool.
+fn is_real(value: &Bound<'_, PyAny>) -> bool {
+    value.is_instance_of::<PyFloat>() || is_int(value)
 }
 
 /// An int argument (bool refused), past `i128` saturated: the core's rules
@@ -198,9 +150,7 @@ fn saturated(int: &Bound<'_, PyAny>) -> i128 {
 
 /// A float argument: a float or an int (not bool) within the float range.
 fn float_arg(value: &Bound<'_, PyAny>, name: &str) -> PyResult<f64> {
-    if value.is_instance_of::<PyBool>()
-        || !(value.is_instance_of::<PyFloat>() || value.is_instance_of::<PyInt>())
-    {
+    if !is_real(value) {
         return Err(arg_type_error(CALL, name, "a float", value));
     }
     value.extract::<f64>().or_else(|_| {
@@ -289,7 +239,7 @@ fn buckets_arg(value: &Bound<'_, PyAny>, name: &'static str) -> PyResult<Vec<(i6
             return Err(must_hold(format!("must hold int bucket counts, not {got}")));
         }
         let pair = core::check_bucket(name, previous, saturated(&index), saturated(&count))
-            .map_err(|e| invalid(py, e))?;
+            .map_err(invalid)?;
         previous = Some(pair.0);
         out.push(pair);
     }
@@ -301,13 +251,9 @@ fn encode_float(py: Python<'_>, value: f64) -> PyResult<Bound<'_, PyAny>> {
     if value.is_finite() {
         return Ok(PyFloat::new(py, value).into_any());
     }
-    let text = match value {
-        v if v.is_nan() => "nan",
-        v if v > 0.0 => "inf",
-        _ => "-inf",
-    };
+    // "nan", "inf" or "-inf", as Python writes them.
     let tagged = PyDict::new(py);
-    tagged.set_item(FLOAT_TAG, text)?;
+    tagged.set_item(FLOAT_TAG, python_repr(value))?;
     Ok(tagged.into_any())
 }
 
@@ -322,26 +268,20 @@ fn decode_float<'py>(value: Bound<'py, PyAny>, name: &str) -> PyResult<Bound<'py
         return Ok(value);
     }
     let text = value.get_item(FLOAT_TAG)?;
-    let decoded = match text
+    let decoded = text
         .cast::<PyString>()
         .ok()
-        .map(|t| t.to_string())
-        .as_deref()
-    {
-        Some("nan") => f64::NAN,
-        Some("inf") => f64::INFINITY,
-        Some("-inf") => f64::NEG_INFINITY,
-        _ => {
-            let (got, name) = (short_repr(&text)?, PyString::new(py, name).repr()?);
-            return Err(arg_value_error(
-                "Distribution.from_dict",
-                "d",
-                format_args!(
-                    "holds {got} at d[{name}], where {{\"{FLOAT_TAG}\": ...}} \
-                     must be \"nan\", \"inf\" or \"-inf\""
-                ),
-            ));
-        }
+        .and_then(|t| non_finite(&t.to_string()));
+    let Some(decoded) = decoded else {
+        let (got, name) = (short_repr(&text)?, PyString::new(py, name).repr()?);
+        return Err(arg_value_error(
+            "Distribution.from_dict",
+            "d",
+            format_args!(
+                "holds {got} at d[{name}], where {{\"{FLOAT_TAG}\": ...}} \
+                 must be \"nan\", \"inf\" or \"-inf\""
+            ),
+        ));
     };
     Ok(PyFloat::new(py, decoded).into_any())
 }
@@ -362,10 +302,7 @@ fn keyword_fields<'py>(
     let mut fields: [Option<Bound<'py, PyAny>>; 11] = Default::default();
     for (key, value) in kwargs.into_iter().flatten() {
         let key = key.cast_into::<PyString>()?;
-        let Some(slot) = FIELDS
-            .iter()
-            .position(|f| key.to_cow().is_ok_and(|k| k == *f))
-        else {
+        let Some(slot) = key.to_cow().ok().and_then(|k| core::field_index(&k)) else {
             return Err(PyTypeError::new_err(format!(
                 "{WHO} got an unexpected keyword argument {}",
                 key.repr()?
@@ -375,7 +312,7 @@ fn keyword_fields<'py>(
     }
     let missing: Vec<String> = REQUIRED
         .iter()
-        .filter(|name| fields[FIELDS.iter().position(|f| f == *name).unwrap_or(0)].is_none())
+        .filter(|name| core::field_index(name).is_some_and(|i| fields[i].is_none()))
         .map(|name| format!("'{name}'"))
         .collect();
     if let Some((last, rest)) = missing.split_last() {
@@ -403,7 +340,7 @@ impl PyDistribution {
                           positive_inf_count=0, negative_inf_count=0, positive=(), negative=())"
     )]
     fn new(args: &Bound<'_, PyTuple>, kwargs: Option<&Bound<'_, PyDict>>) -> PyResult<Self> {
-        Self::from_fields(args.py(), &keyword_fields(args, kwargs)?)
+        Self::from_fields(&keyword_fields(args, kwargs)?)
     }
 
     /// The native Stat's constructor for tests: positional, unchecked.
@@ -421,7 +358,7 @@ impl PyDistribution {
         negative_inf_count: u64,
         positive: Vec<(i32, u64)>,
         negative: Vec<(i32, u64)>,
-    ) -> PyResult<Self> {
+    ) -> Self {
         let buckets = core::Buckets {
             zero_count,
             nan_count,
@@ -437,7 +374,7 @@ impl PyDistribution {
             max,
             buckets,
         };
-        Ok(Self::from_core(Arc::new(inner)))
+        Self::from_core(Arc::new(inner))
     }
 
     #[getter]
@@ -502,9 +439,7 @@ impl PyDistribution {
 
     fn quantile(&self, q: &Bound<'_, PyAny>) -> PyResult<f64> {
         const WHO: &str = "Distribution.quantile";
-        if q.is_instance_of::<PyBool>()
-            || !(q.is_instance_of::<PyFloat>() || q.is_instance_of::<PyInt>())
-        {
+        if !is_real(q) {
             return Err(arg_type_error(WHO, "q", "a float", q));
         }
         // An int past the float range is past 1.
@@ -528,31 +463,10 @@ impl PyDistribution {
     }
 
     fn to_dict<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
-        let d = &self.inner;
-        let b = &d.buckets;
-        let lists = |side: &[(i32, u64)]| -> PyResult<Bound<'py, PyList>> {
-            let out = PyList::empty(py);
-            for &(index, count) in side {
-                let index = index.into_pyobject(py)?.into_any();
-                out.append(PyList::new(
-                    py,
-                    [index, count.into_pyobject(py)?.into_any()],
-                )?)?;
-            }
-            Ok(out)
-        };
         let out = PyDict::new(py);
-        out.set_item("scale", core::SCALE)?;
-        out.set_item("count", d.count)?;
-        for (name, value) in [("sum", d.sum), ("min", d.min), ("max", d.max)] {
-            out.set_item(name, encode_float(py, value)?)?;
+        for (name, value) in FIELDS.into_iter().zip(self.values(py, true)?) {
+            out.set_item(name, value)?;
         }
-        out.set_item("zero_count", b.zero_count)?;
-        out.set_item("nan_count", b.nan_count)?;
-        out.set_item("positive_inf_count", b.positive_inf_count)?;
-        out.set_item("negative_inf_count", b.negative_inf_count)?;
-        out.set_item("positive", lists(&b.positive)?)?;
-        out.set_item("negative", lists(&b.negative)?)?;
         Ok(out)
     }
 
@@ -594,20 +508,15 @@ impl PyDistribution {
                 });
             }
         }
-        Self::from_fields(py, &fields)
+        Self::from_fields(&fields)
     }
 
     /// Equal when every field is; NaN sum/min/max equal NaN (and -0.0 only
-    /// -0.0), so that a distribution equals its round trip.
-    fn __eq__(&self, other: &Bound<'_, PyAny>) -> Py<PyAny> {
-        let py = other.py();
-        match other.cast::<PyDistribution>() {
-            Ok(other) => PyBool::new(py, self.inner.same(&other.get().inner))
-                .to_owned()
-                .into_any()
-                .unbind(),
-            Err(_) => py.NotImplemented(),
-        }
+    /// -0.0), so that a distribution equals its round trip. Anything but a
+    /// Distribution fails the argument's extraction, which PyO3 answers
+    /// with `NotImplemented`.
+    fn __eq__(&self, other: &Bound<'_, Self>) -> bool {
+        self.inner.same(&other.get().inner)
     }
 
     fn __setattr__(&self, name: &Bound<'_, PyAny>, _value: &Bound<'_, PyAny>) -> PyResult<()> {
@@ -630,48 +539,12 @@ impl PyDistribution {
         slf: &Bound<'py, Self>,
     ) -> PyResult<(Bound<'py, PyAny>, Bound<'py, PyTuple>)> {
         let py = slf.py();
-        let this = slf.get();
-        let d = &this.inner;
-        let b = &d.buckets;
         let restore = py.import("torchmon._distribution")?.getattr("_restore")?;
-        let fields = (
-            core::SCALE,
-            d.count,
-            d.sum,
-            d.min,
-            d.max,
-            b.zero_count,
-            b.nan_count,
-            b.positive_inf_count,
-            b.negative_inf_count,
-            this.side(py, 0)?,
-            this.side(py, 1)?,
-        );
-        Ok((restore, fields.into_pyobject(py)?))
+        Ok((restore, PyTuple::new(py, slf.get().values(py, false)?)?))
     }
 
-    fn __repr__(&self, py: Python<'_>) -> PyResult<String> {
-        let d = &self.inner;
-        let b = &d.buckets;
-        let mut parts = vec![
-            format!("count={}", d.count),
-            format!("sum={}", float_repr(py, d.sum)?),
-            format!("min={}", float_repr(py, d.min)?),
-            format!("max={}", float_repr(py, d.max)?),
-        ];
-        for (name, value) in [
-            ("zero_count", b.zero_count),
-            ("nan_count", b.nan_count),
-            ("positive_inf_count", b.positive_inf_count),
-            ("negative_inf_count", b.negative_inf_count),
-        ] {
-            if value != 0 {
-                parts.push(format!("{name}={value}"));
-            }
-        }
-        parts.push(format!("positive={} buckets", b.positive.len()));
-        parts.push(format!("negative={} buckets", b.negative.len()));
-        Ok(format!("Distribution({})", parts.join(", ")))
+    fn __repr__(&self) -> String {
+        self.inner.to_string()
     }
 
     /// The buckets as an OpenTelemetry exponential histogram point holds

@@ -1,6 +1,6 @@
 """The names other modules import from here, all native: ``Distribution``
 (src/py_distribution.rs) over the core's histogram, whose rules live in
-crates/torchmon-core/src/histogram.rs (docs/api.md, "Distribution").
+crates/torchmon-core/src/histogram/ (docs/api.md, "Distribution").
 Imported on first use, never by ``import torchmon``."""
 
 from __future__ import annotations

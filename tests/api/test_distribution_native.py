@@ -103,3 +103,26 @@ def test_exponential_downscales_until_each_sign_fits() -> None:
     assert (scale, p_offset, p_counts) == (-2, 0, [2, 0, 1])
     assert (n_offset, n_counts) == (-3, [1])
     assert d._exponential(10**30)[0] == 6
+
+
+def test_repr_writes_floats_as_python_does_and_only_nonzero_special_counts() -> None:
+    """The repr is the core's (`histogram::Distribution`'s Display), its floats
+    written by the core as Python's repr writes them."""
+    low = Distribution._bucket_index(1e-05)
+    d = Distribution(
+        count=3,
+        sum=math.inf,
+        min=1e-05,
+        max=math.inf,
+        positive_inf_count=1,
+        positive=[(low, 1), (0, 1)],
+    )
+    assert repr(d) == (
+        "Distribution(count=3, sum=inf, min=1e-05, max=inf, positive_inf_count=1, "
+        "positive=2 buckets, negative=0 buckets)"
+    )
+    empty = Distribution(count=0, sum=-0.0, min=0.0, max=1e16)
+    assert repr(empty) == (
+        "Distribution(count=0, sum=-0.0, min=0.0, max=1e+16, "
+        "positive=0 buckets, negative=0 buckets)"
+    )

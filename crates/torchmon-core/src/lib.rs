@@ -2,14 +2,17 @@
 //! (`stat`), the handler registry (`registry`), the bounded worker behind
 //! async handlers (`worker`), the torch wait counters' backend
 //! (`wait_counter`), the exit gate (`exit_gate`), the fork reset (`fork`),
-//! the clocks (`clock`), the aggregations (`aggregation`) and the per-window
-//! histogram of the P aggregations (`histogram`). The binding crate at the
+//! the clocks (`clock`), the aggregations (`aggregation`), the per-window
+//! histogram of the P aggregations (`histogram`), with floats written as
+//! Python does (`decimal`), and `torchmon summarize`'s reader (`summary`).
+//! The binding crate at the
 //! repository root (`torchmon._core`) is the only user; docs/internals.md has
 //! the module map.
 #![deny(clippy::undocumented_unsafe_blocks)]
 
 pub mod aggregation;
 pub mod clock;
+pub mod decimal;
 pub mod exit_gate;
 // Not under loom: its models run no fork, and loom's Mutex has no try_lock.
 #[cfg(not(loom))]

@@ -1,4 +1,4 @@
-"""Prints the constant tables of crates/torchmon-core/src/histogram.rs.
+"""Prints the constant tables of crates/torchmon-core/src/histogram/mod.rs.
 
 Exact integer arithmetic only (no floating-point logarithm or power), so the
 output does not depend on the platform's libm:
@@ -11,7 +11,7 @@ output does not depend on the platform's libm:
   value a quantile reports for a sample of bucket j of octave 0.
 
 Run: python3 crates/torchmon-core/tools/gen_histogram_tables.py
-(the cargo tests in histogram.rs prove both tables from scratch).
+(the cargo tests in histogram/tests.rs prove both tables from scratch).
 """
 
 
