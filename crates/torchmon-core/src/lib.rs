@@ -1,6 +1,6 @@
 //! torchmon's core, free of PyO3: the windowed accumulator behind `Stat`
 //! (`stat`), the handler registry (`registry`), the bounded worker behind
-//! async handlers (`worker`), the exit gate (`exit_gate`), the fork reset (`fork`), the clocks
+//! async handlers (`worker`) and their set (`async_handlers`), the exit gate (`exit_gate`), the fork reset (`fork`), the clocks
 //! (`clock`), the aggregations (`aggregation`) and the per-window histogram
 //! of the P aggregations (`histogram`). The binding crate at the
 //! repository root (`torchmon._core`) is the only user; docs/internals.md has
@@ -8,6 +8,7 @@
 #![deny(clippy::undocumented_unsafe_blocks)]
 
 pub mod aggregation;
+pub mod async_handlers;
 pub mod clock;
 pub mod exit_gate;
 // Not under loom: its models run no fork, and loom's Mutex has no try_lock.
