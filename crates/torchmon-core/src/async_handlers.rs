@@ -75,8 +75,8 @@ impl OnFull {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Offered {
     Queued,
-    /// Refused (queue full in drop mode, or offered after `close`) and
-    /// counted in `dropped`.
+    /// Refused (queue full in drop mode or on the worker thread, or offered
+    /// after `close`) and counted in `dropped`.
     Dropped,
     /// The handler is synchronous now (closed by the exit drain): every item
     /// before it was handled, and the caller handles this one itself.
