@@ -173,6 +173,19 @@ def test_bad_timeout(timeout: object, error: type[Exception]) -> None:
         torchmon.flush(timeout=timeout)  # type: ignore[arg-type]
 
 
+@pytest.mark.parametrize(
+    ("timeout", "error"), [("1", TypeError), (-1.0, ValueError), (float("nan"), ValueError)]
+)
+def test_the_native_drain_checks_its_timeout_as_flush_does(
+    timeout: object, error: type[Exception]
+) -> None:
+    """flush()'s drain of the AsyncEventHandlers (src/py_async.rs) shares
+    AsyncEventHandler.flush's check of a timeout, in the one format
+    (docs/api.md, introduction)."""
+    with pytest.raises(error, match=r"^flush\(timeout\): timeout (must|is)"):
+        torchmon._core._drain_async_handlers(timeout)  # type: ignore[arg-type]
+
+
 def test_flush_with_a_timeout_returns_when_a_handler_waits_for_a_lock_the_caller_holds() -> None:
     """What a signal handler meets when it interrupted a handler holding a
     non-reentrant lock: flush(timeout) gives up at the deadline instead of

@@ -1,16 +1,17 @@
 //! torchmon's core, free of PyO3: the windowed accumulator behind `Stat`
 //! (`stat`), the handler registry (`registry`), the bounded worker behind
-//! async handlers (`worker`), the torch wait counters' backend
-//! (`wait_counter`), the exit gate (`exit_gate`), the fork reset (`fork`),
-//! the clocks (`clock`), the aggregations (`aggregation`), the per-window
-//! histogram of the P aggregations (`histogram`), with floats written as
-//! Python does (`decimal`), and `torchmon summarize`'s reader (`summary`).
-//! The binding crate at the
+//! async handlers (`worker`) and their set (`async_handlers`), the torch
+//! wait counters' backend (`wait_counter`), the exit gate (`exit_gate`), the
+//! fork reset (`fork`), the clocks (`clock`), the aggregations
+//! (`aggregation`), the per-window histogram of the P aggregations
+//! (`histogram`), with floats written as Python does (`decimal`), and
+//! `torchmon summarize`'s reader (`summary`). The binding crate at the
 //! repository root (`torchmon._core`) is the only user; docs/internals.md has
 //! the module map.
 #![deny(clippy::undocumented_unsafe_blocks)]
 
 pub mod aggregation;
+pub mod async_handlers;
 pub mod clock;
 pub mod decimal;
 pub mod exit_gate;
