@@ -19,4 +19,5 @@ pub mod prometheus_server;
 pub mod registry;
 pub mod stat;
 mod sync;
+pub mod window;
 pub mod worker;
