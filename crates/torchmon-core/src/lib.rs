@@ -1,10 +1,10 @@
 //! torchmon's core, free of PyO3: the windowed accumulator behind `Stat`
 //! (`stat`), the handler registry (`registry`), the bounded worker behind
-//! async handlers (`worker`), the exit gate (`exit_gate`), the fork reset (`fork`), the clocks
-//! (`clock`), the window-size rule (`window`), the aggregations (`aggregation`) and the per-window histogram
-//! of the P aggregations (`histogram`). The binding crate at the
-//! repository root (`torchmon._core`) is the only user; docs/internals.md has
-//! the module map.
+//! async handlers (`worker`), the exit gate (`exit_gate`), the fork reset
+//! (`fork`), the clocks (`clock`), the window-size rule (`window`), the
+//! aggregations (`aggregation`) and the per-window histogram of the P
+//! aggregations (`histogram`). The binding crate at the repository root
+//! (`torchmon._core`) is the only user; docs/internals.md has the module map.
 #![deny(clippy::undocumented_unsafe_blocks)]
 
 pub mod aggregation;
