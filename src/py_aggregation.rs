@@ -4,7 +4,7 @@
 
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
-use pyo3::types::{PyDict, PyMappingProxy, PyTuple};
+use pyo3::types::{PyDict, PyMappingProxy, PyTuple, PyType};
 
 use crate::py_convert::arg_type_error;
 use torchmon_core::aggregation::{Aggregation as Core, TABLE};
@@ -107,13 +107,8 @@ impl PyAggregation {
         format!("Aggregation.{}", self.core().name())
     }
 
-    fn __reduce__<'py>(
-        slf: &Bound<'py, Self>,
-    ) -> PyResult<(Bound<'py, PyAny>, Bound<'py, PyTuple>)> {
-        let py = slf.py();
-        Ok((
-            py.get_type::<PyAggregation>().into_any(),
-            PyTuple::new(py, [slf.get().core() as i64])?,
-        ))
+    /// Pickles as `Aggregation(value)`, which gives the member back.
+    fn __reduce__<'py>(&self, py: Python<'py>) -> (Bound<'py, PyType>, (i64,)) {
+        (py.get_type::<PyAggregation>(), (self.core() as i64,))
     }
 }

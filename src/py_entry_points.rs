@@ -123,21 +123,15 @@ unsafe extern "C" fn event_new_vectorcall(
         // function, so the errors are PyO3's usual ones.
         Python::attach(|py| {
             let positional = usize::try_from(nargs).unwrap_or(0);
-            let mut values = Vec::with_capacity(positional);
-            for index in 0..positional {
-                // SAFETY: `args` holds `positional` valid borrowed pointers
-                // (it may be NULL only when there are none).
-                values.push(unsafe { Bound::from_borrowed_ptr(py, *args.add(index)) });
-            }
-            let tuple = PyTuple::new(py, values)?;
+            // SAFETY: `args` holds `positional` valid borrowed pointers (it
+            // may be NULL only when there are none), then one per keyword.
+            let arg = |index: usize| unsafe { Bound::from_borrowed_ptr(py, *args.add(index)) };
+            let tuple = PyTuple::new(py, (0..positional).map(arg))?;
             let kwargs = pyo3::types::PyDict::new(py);
             // SAFETY: a non-NULL `kwnames` is a tuple of str valid for the call.
             if let Some(names) = unsafe { Bound::from_borrowed_ptr_or_opt(py, kwnames) } {
                 for (offset, name) in names.cast_into::<PyTuple>()?.iter().enumerate() {
-                    // SAFETY: keyword values follow the positional ones in `args`.
-                    let value =
-                        unsafe { Bound::from_borrowed_ptr(py, *args.add(positional + offset)) };
-                    kwargs.set_item(name, value)?;
+                    kwargs.set_item(name, arg(positional + offset))?;
                 }
             }
             // SAFETY: PyType_Type is CPython's static `type` object, whose
@@ -194,16 +188,6 @@ fn guarded(body: impl FnOnce() -> PyResult<*mut ffi::PyObject>) -> *mut ffi::PyO
             PanicException::new_err(message).restore(py);
             std::ptr::null_mut()
         }),
-    }
-}
-
-fn none() -> *mut ffi::PyObject {
-    // SAFETY: Py_None is the immortal-in-practice None singleton; returning a
-    // new reference to it requires the increment.
-    unsafe {
-        let none = ffi::Py_None();
-        ffi::Py_INCREF(none);
-        none
     }
 }
 
@@ -288,16 +272,17 @@ unsafe extern "C" fn stat_add(
             if let Ok(v) = v.cast_exact::<PyFloat>() {
                 let closed = stat.get().record(v.value());
                 if closed.is_empty() {
-                    return Ok(none());
+                    return Ok(py.None().into_ptr());
                 }
                 // The rest runs Python code: with PyO3's bookkeeping.
-                return Python::attach(|py| stat.get().emit_closed(py, &closed)).map(|()| none());
+                return Python::attach(|py| stat.get().emit_closed(py, &closed))
+                    .map(|()| py.None().into_ptr());
             }
         }
         Python::attach(|py| {
             // SAFETY: `args`/`nargs`/`kwnames` are what CPython passed.
             let v = unsafe { single_argument(py, args, nargs, kwnames, "Stat.add", "v") }?;
-            Stat::add_value(&stat, py, &v).map(|()| none())
+            Stat::add_value(&stat, py, &v).map(|()| py.None().into_ptr())
         })
     })
 }
@@ -318,17 +303,17 @@ unsafe extern "C" fn log_event(
             let event = unsafe { Borrowed::from_ptr(py, *args) };
             if event.cast::<Event>().is_ok() {
                 if !has_handlers() {
-                    return Ok(none());
+                    return Ok(py.None().into_ptr());
                 }
                 // Already attached: no `Python::attach` (a thread-local
                 // count and a pool check) and no argument parsing.
-                return log_event_checked(&event).map(|()| none());
+                return log_event_checked(&event).map(|()| py.None().into_ptr());
             }
         }
         Python::attach(|py| {
             // SAFETY: `args`/`nargs`/`kwnames` are what CPython passed.
             let event = unsafe { single_argument(py, args, nargs, kwnames, "log_event", "event") }?;
-            log_event_checked(&event).map(|()| none())
+            log_event_checked(&event).map(|()| py.None().into_ptr())
         })
     })
 }

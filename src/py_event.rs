@@ -6,7 +6,7 @@
 
 use pyo3::exceptions::PyTypeError;
 use pyo3::prelude::*;
-use pyo3::types::{PyDate, PyDateTime, PyDict, PyString, PyTuple};
+use pyo3::types::{PyDate, PyDateTime, PyDict, PyString, PyTime, PyTuple};
 
 use crate::py_convert::{
     Surrogates, data_value, is_normalised_value, is_plain_str, string_arg, type_name,
@@ -35,37 +35,24 @@ fn event_name<'py>(value: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyString>> 
 }
 
 fn event_timestamp<'py>(value: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyAny>> {
+    let py = value.py();
     if value.is_instance_of::<PyDateTime>() {
         return Ok(value.clone());
     }
-    if let Ok(date) = value.cast::<PyDate>() {
-        // torch reads a date as midnight of that day.
-        use pyo3::types::PyDateAccess;
-        let midnight = PyDateTime::new(
-            value.py(),
-            date.get_year(),
-            date.get_month(),
-            date.get_day(),
-            0,
-            0,
-            0,
-            0,
-            None,
-        )?;
-        return Ok(midnight.into_any());
-    }
-    if value.is_instance_of::<pyo3::types::PyTime>() {
-        // torch reads a time of day as that time on 1970-01-01.
-        let epoch_day = PyDate::new(value.py(), 1970, 1, 1)?;
-        return value.py().get_type::<PyDateTime>().call_method1(
-            crate::py_objects::COMBINE.get(value.py()),
-            (epoch_day, value),
-        );
-    }
-    Err(PyTypeError::new_err(format!(
-        "Event timestamp must be a datetime.datetime, not {}",
-        type_name(value)
-    )))
+    // torch reads a date as midnight of that day, and a time of day as that
+    // time on 1970-01-01.
+    let (day, time) = if let Ok(date) = value.cast::<PyDate>() {
+        (date.clone(), PyTime::new(py, 0, 0, 0, 0, None)?.into_any())
+    } else if value.is_instance_of::<PyTime>() {
+        (PyDate::new(py, 1970, 1, 1)?, value.clone())
+    } else {
+        return Err(PyTypeError::new_err(format!(
+            "Event timestamp must be a datetime.datetime, not {}",
+            type_name(value)
+        )));
+    };
+    py.get_type::<PyDateTime>()
+        .call_method1(crate::py_objects::COMBINE.get(py), (day, time))
 }
 
 /// Validates `data` and copies it into a new dict of normalised values.
@@ -179,23 +166,11 @@ impl Event {
     /// changes to one never show in the other.
     pub fn snapshot(&self, py: Python<'_>) -> Self {
         Event::from_parts(
-            self.name_ref(py),
-            self.timestamp_ref(py),
-            self.data_ref(py),
+            self.name.get(py),
+            self.timestamp.get(py),
+            self.data.get(py),
             self.distribution.as_ref().map(|d| d.clone_ref(py)),
         )
-    }
-
-    fn name_ref(&self, py: Python<'_>) -> Py<PyString> {
-        self.name.get(py)
-    }
-
-    fn timestamp_ref(&self, py: Python<'_>) -> Py<PyAny> {
-        self.timestamp.get(py)
-    }
-
-    fn data_ref(&self, py: Python<'_>) -> Py<PyDict> {
-        self.data.get(py)
     }
 }
 
@@ -208,54 +183,46 @@ impl Event {
         timestamp: &Bound<'_, PyAny>,
         data: &Bound<'_, PyAny>,
     ) -> PyResult<Self> {
-        let name = event_name(name)?;
-        let timestamp = event_timestamp(timestamp)?;
-        let data = event_data(data)?;
         Ok(Event::from_parts(
-            name.unbind(),
-            timestamp.unbind(),
-            data.unbind(),
+            event_name(name)?.unbind(),
+            event_timestamp(timestamp)?.unbind(),
+            event_data(data)?.unbind(),
             None,
         ))
     }
 
     #[getter]
     fn name(&self, py: Python<'_>) -> Py<PyString> {
-        self.name_ref(py)
+        self.name.get(py)
     }
 
     #[setter]
     fn set_name(&self, value: &Bound<'_, PyAny>) -> PyResult<()> {
-        let name = event_name(value)?.unbind();
-        let old = self.name.replace(value.py(), name);
-        drop(old);
+        self.name.set(value.py(), event_name(value)?.unbind());
         Ok(())
     }
 
     #[getter]
     fn timestamp(&self, py: Python<'_>) -> Py<PyAny> {
-        self.timestamp_ref(py)
+        self.timestamp.get(py)
     }
 
     #[setter]
     fn set_timestamp(&self, value: &Bound<'_, PyAny>) -> PyResult<()> {
-        let timestamp = event_timestamp(value)?.unbind();
-        let old = self.timestamp.replace(value.py(), timestamp);
-        drop(old);
+        self.timestamp
+            .set(value.py(), event_timestamp(value)?.unbind());
         Ok(())
     }
 
     /// A fresh dict each time: changing it does not change the Event.
     #[getter]
     fn data<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
-        self.data_ref(py).bind(py).copy()
+        self.data.get(py).bind(py).copy()
     }
 
     #[setter]
     fn set_data(&self, value: &Bound<'_, PyAny>) -> PyResult<()> {
-        let data = event_data(value)?.unbind();
-        let old = self.data.replace(value.py(), data);
-        drop(old);
+        self.data.set(value.py(), event_data(value)?.unbind());
         Ok(())
     }
 
@@ -267,9 +234,9 @@ impl Event {
     }
 
     fn __repr__(&self, py: Python<'_>) -> PyResult<String> {
-        let name = self.name_ref(py);
-        let timestamp = self.timestamp_ref(py);
-        let data = self.data_ref(py);
+        let name = self.name.get(py);
+        let timestamp = self.timestamp.get(py);
+        let data = self.data.get(py);
         Ok(format!(
             "torchmon.Event(name={}, timestamp={}, data={})",
             name.bind(py).repr()?,
@@ -287,9 +254,9 @@ impl Event {
         let py = slf.py();
         let this = slf.get();
         let mut parts = vec![
-            this.name_ref(py).into_any(),
-            this.timestamp_ref(py),
-            this.data_ref(py).bind(py).copy()?.into_any().unbind(),
+            this.name.get(py).into_any(),
+            this.timestamp.get(py),
+            this.data.get(py).bind(py).copy()?.into_any().unbind(),
         ];
         let Some(distribution) = &this.distribution else {
             return Ok((py.get_type::<Event>().into_any(), PyTuple::new(py, parts)?));

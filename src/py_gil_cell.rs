@@ -90,4 +90,10 @@ impl<T: CloneRef> GilCell<T> {
             std::mem::replace(&mut *self.value.lock(), value)
         }
     }
+
+    /// Puts `value` in the cell and drops the old one once the cell is left.
+    #[inline]
+    pub fn set(&self, py: Python<'_>, value: T) {
+        drop(self.replace(py, value));
+    }
 }

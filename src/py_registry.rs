@@ -73,30 +73,15 @@ mod published {
     /// It allocates one object, whatever the number of handlers (a change
     /// costs O(1) amortized: docs/performance.md). Allocating may run the
     /// garbage collector and with it Python code (a `__del__` that registers
-    /// a handler, or a switch to another thread that does): a list taken
-    /// before a change made meanwhile is taken again, so the one published
-    /// always matches the current list.
+    /// a handler, or a switch to another thread that does): the core's
+    /// `build_current` makes it again after such a change, so the one
+    /// published always matches the current list.
     pub fn publish(py: Python<'_>) -> PyResult<Republished> {
-        loop {
-            let snapshot = HANDLERS.snapshot();
-            let list = match &snapshot {
-                None => None,
-                Some(snapshot) => Some(Py::new(
-                    py,
-                    DispatchList {
-                        snapshot: snapshot.clone(),
-                    },
-                )?),
-            };
-            let unchanged = match (&snapshot, HANDLERS.snapshot()) {
-                (None, None) => true,
-                (Some(built), Some(now)) => built.same_as(&now),
-                _ => false,
-            };
-            if unchanged {
-                return Ok(DISPATCH_LIST.replace(py, list));
-            }
-        }
+        let list = HANDLERS.build_current(|snapshot| {
+            let snapshot = snapshot.clone();
+            Py::new(py, DispatchList { snapshot })
+        })?;
+        Ok(DISPATCH_LIST.replace(py, list))
     }
 }
 
@@ -213,18 +198,9 @@ mod gate {
     }
 }
 
-pub use published::Handlers;
-
-/// Creates the dispatch list's type at import (see `py_objects`).
-pub fn init_lazy(py: Python<'_>) {
-    published::init_lazy(py);
-}
-
-/// The handlers registered now (`None`: there are none).
-#[inline]
-pub fn current_handlers(py: Python<'_>) -> Option<Handlers> {
-    published::current(py)
-}
+// What dispatch reads, from this build's `published`: the handlers registered
+// now (`None`: none), and the type made at import (see `py_objects`).
+pub use published::{Handlers, current as current_handlers, init_lazy};
 
 /// Returned by `register_event_handler`; pass it to `unregister_event_handler`.
 #[pyclass(name = "EventHandlerHandle", module = "torchmon", frozen)]

@@ -8,7 +8,7 @@ import functools
 import pickle
 import types
 from collections.abc import Iterator, Mapping
-from datetime import date, datetime, timedelta, timezone
+from datetime import date, datetime, time, timedelta, timezone
 
 import numpy as np
 import pytest
@@ -356,6 +356,25 @@ def test_date_timestamp_is_midnight_datetime() -> None:
     assert e.timestamp == datetime(2020, 1, 2, 0, 0, 0, 0)
     assert type(e.timestamp) is datetime
     assert e.timestamp.tzinfo is None
+
+
+def test_date_subclass_timestamp_is_midnight_plain_datetime() -> None:
+    class MyDate(date):
+        pass
+
+    e = Event("e", MyDate(2020, 1, 2), {})
+    assert type(e.timestamp) is datetime
+    assert e.timestamp == datetime(2020, 1, 2)
+
+
+@pytest.mark.parametrize("tz", [None, timezone(timedelta(hours=2))])
+def test_time_of_day_timestamp_is_that_time_on_1970_01_01(tz: timezone | None) -> None:
+    e = Event("e", time(3, 4, 5, 6, tzinfo=tz), {})
+    assert type(e.timestamp) is datetime
+    assert e.timestamp == datetime(1970, 1, 1, 3, 4, 5, 6, tzinfo=tz)
+    assert e.timestamp.tzinfo is tz
+    e.timestamp = time(7)
+    assert e.timestamp == datetime(1970, 1, 1, 7)
 
 
 @pytest.mark.parametrize(

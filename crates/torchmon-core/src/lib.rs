@@ -2,12 +2,12 @@
 //! (`stat`), the handler registry (`registry`), the bounded worker behind
 //! async handlers (`worker`) and their set (`async_handlers`), the torch
 //! wait counters' backend (`wait_counter`), the exit gate (`exit_gate`), the
-//! fork reset (`fork`), the clocks (`clock`), the aggregations
-//! (`aggregation`), the per-window histogram of the P aggregations
-//! (`histogram`), with floats written as Python does (`decimal`), and
-//! `torchmon summarize`'s reader (`summary`). The binding crate at the
-//! repository root (`torchmon._core`) is the only user; docs/internals.md has
-//! the module map.
+//! fork reset (`fork`), the clocks (`clock`), the window-size rule
+//! (`window`), the aggregations (`aggregation`), the per-window histogram of
+//! the P aggregations (`histogram`), with floats written as Python does
+//! (`decimal`), and `torchmon summarize`'s reader (`summary`). The binding
+//! crate at the repository root (`torchmon._core`) is the only user;
+//! docs/internals.md has the module map.
 #![deny(clippy::undocumented_unsafe_blocks)]
 
 pub mod aggregation;
@@ -28,4 +28,5 @@ mod sync;
 // Not under loom: its statics hold std atomics, and it runs no model.
 #[cfg(not(loom))]
 pub mod wait_counter;
+pub mod window;
 pub mod worker;

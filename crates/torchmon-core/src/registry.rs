@@ -219,6 +219,30 @@ impl<H> Registry<H> {
             .as_ref()
             .map(|state| state.current.clone())
     }
+
+    /// `make` of the handlers registered now (`None`: there are none), made
+    /// again should the list change while `make` runs, so that what it
+    /// returns matches the list as it is on return. The binding publishes
+    /// the list as one object this way: making it may run code that
+    /// registers or unregisters a handler (a garbage collection's
+    /// finalizers, or a switch to another thread).
+    pub fn build_current<T, E>(
+        &self,
+        mut make: impl FnMut(&Snapshot<H>) -> Result<T, E>,
+    ) -> Result<Option<T>, E> {
+        loop {
+            let snapshot = self.snapshot();
+            let built = snapshot.as_ref().map(&mut make).transpose()?;
+            let unchanged = match (&snapshot, self.snapshot()) {
+                (None, None) => true,
+                (Some(then), Some(now)) => then.same_as(&now),
+                _ => false,
+            };
+            if unchanged {
+                return Ok(built);
+            }
+        }
+    }
 }
 
 #[cfg(test)]
@@ -274,6 +298,32 @@ mod tests {
         r.unregister(a);
         assert!(r.is_empty());
         assert!(r.snapshot().is_none());
+    }
+
+    #[test]
+    fn build_current_makes_again_after_a_change_while_making() {
+        let r = Registry::new();
+        assert_eq!(r.build_current(|_| Ok::<_, ()>(0)), Ok(None));
+        let (a, _) = r.register(10);
+        let mut calls = 0;
+        let built = r.build_current(|snapshot| {
+            calls += 1;
+            if calls == 1 {
+                r.register(20); // as a finalizer run by the allocation would
+            }
+            Ok::<_, ()>(snapshot.iter().map(|e| e.handler).collect::<Vec<_>>())
+        });
+        assert_eq!(built, Ok(Some(vec![10, 20])));
+        assert_eq!(calls, 2);
+        r.unregister(a);
+        let (_, _) = r.unregister(a + 1);
+        let built = r.build_current(|_| Ok::<_, ()>(()));
+        assert_eq!(built, Ok(None), "emptied: nothing to make");
+        r.register(30);
+        assert_eq!(
+            r.build_current(|_| Err::<(), _>("no memory")),
+            Err("no memory")
+        );
     }
 
     /// Against a plain list: random registrations and unregistrations, with
