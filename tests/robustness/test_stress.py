@@ -155,9 +155,21 @@ if P["max_samples"]:
 totals = {name: [0, 0.0] for name in STATS}  # adds, sum of values (per thread, merged)
 merge = threading.Lock()
 
+ticks = [0]  # clock.advance calls made by the ticker (mode "manual")
+CHECKPOINTS = 8
+
+def wait_for_a_tick(seen):
+    # The adds after this are in a later window than those before it, so
+    # the windows roll during the run however the threads are scheduled.
+    deadline = time.monotonic() + 60
+    while ticks[0] <= seen and time.monotonic() < deadline:
+        time.sleep(0.0005)
+
 def add_many(n, value_of):
     local = {name: [0, 0.0] for name in STATS}
     for i in range(n):
+        if MODE == "manual" and i and i % (n // CHECKPOINTS) == 0:
+            wait_for_a_tick(ticks[0])
         for name, stat in STATS.items():
             v = value_of(i)
             try:
@@ -187,6 +199,7 @@ def ticker():
     # moves the test clock forward while the adders run (mode "manual")
     while not stop.is_set():
         clock.advance(P["tick_ms"])
+        ticks[0] += 1
         time.sleep(0.0005)
 
 threads = [threading.Thread(target=adder, args=(k,), name="adder%d" % k)
@@ -358,7 +371,8 @@ def test_stress(params: dict[str, Any]) -> None:
     assert sum(c for c, _ in free) == n_adds
     assert sum(s for _, s in free) == value_sum
     assert all(c >= 1 for c, _ in free)
-    # windows actually rolled during the run (more than the final flush)
+    # windows actually rolled during the run (more than the final flush): in
+    # mode "manual" each adder waits for a tick at 7 checkpoints
     assert len(free) == len(params["phases"]) if "phases" in params else len(free) > 5
     # The final flush emitted exactly the open windows.
     finals = {next(iter(d)).split(".")[0]: d for d in out["final_events"]}
