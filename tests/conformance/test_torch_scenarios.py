@@ -374,6 +374,9 @@ def program(mon: Any) -> list[object]:
         events.append((e.name, tagged_data(e.data), ts_kind(e.timestamp)))
 
     writer = FakeWriter()
+    # A Stat an earlier test left in a reference cycle would flush its window
+    # into these handlers at the program's gc.collect(): it goes first.
+    gc.collect()
     handles = [
         mon.register_event_handler(handler),
         mon.register_event_handler(mon.TensorboardEventHandler(writer)),
