@@ -399,7 +399,9 @@ def test_ctrl_c_while_waiting_for_a_pipe_exits_130_in_one_line(
         with proc:
             try:
                 wait_until_open(proc.pid, fifo)
-                time.sleep(0.5)
+                # At once: to-tensorboard imports tensorboardX (and torch, whose
+                # import a Ctrl-C aborts in C++) before it opens its input.
+                time.sleep(0.05)
                 proc.send_signal(signal.SIGINT)
                 _, err = proc.communicate(timeout=30)
             finally:

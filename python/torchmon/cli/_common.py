@@ -340,14 +340,19 @@ class _Log:
 _writer_ids = itertools.count()
 
 
-def _summary_writer(logdir: str, *, max_queue: int = 10) -> Any:
+def _tensorboardx() -> Any:
+    """The tensorboardX module, or the error that says how to install it."""
     try:
-        module = importlib.import_module("tensorboardX")
+        return importlib.import_module("tensorboardX")
     except ImportError:
         raise _CliError(
             "writing TensorBoard files needs tensorboardX: pip install tensorboardX tensorboard "
             "(in a torchmon checkout: pip install '.[tensorboard]')"
         ) from None
+
+
+def _summary_writer(logdir: str, *, max_queue: int = 10) -> Any:
+    module = _tensorboardx()
     # tensorboardX names the file after the second and the host only, and
     # opens it with "wb": a second writer into LOGDIR in the same second
     # (to-tensorboard --append) would replace the first's file. The pid and a

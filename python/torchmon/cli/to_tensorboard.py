@@ -17,6 +17,7 @@ from ._common import (
     _printable,
     _summary_writer,
     _tensorboard_handler,
+    _tensorboardx,
 )
 from .demo import _Progress
 
@@ -104,6 +105,10 @@ class _CountingWriter:
 
 
 def run(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+    # Imported before the input is opened: tensorboardX imports torch, whose
+    # import a Ctrl-C can abort in C++ (the process dies of SIGABRT instead of
+    # exiting 130); after this the wait for input is interruptible.
+    _tensorboardx()
     log = _Log(args.file, "raise", distributions=False)
     logdir, made = _prepare_conversion_logdir(args.logdir, append=args.append)
     before = set(_event_files(logdir))
