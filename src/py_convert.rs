@@ -39,6 +39,19 @@ pub fn type_name(obj: &Bound<'_, PyAny>) -> String {
         .unwrap_or_else(|_| "?".to_owned())
 }
 
+/// An optional argument as passed (`None` when omitted), so that an explicit
+/// `None` is reported as a wrong type rather than taken for the default (as
+/// torch, checked in argument order).
+pub struct Given(pub Option<Py<PyAny>>);
+
+impl<'a, 'py> FromPyObject<'a, 'py> for Given {
+    type Error = PyErr;
+
+    fn extract(obj: pyo3::Borrowed<'a, 'py, PyAny>) -> PyResult<Self> {
+        Ok(Given(Some(obj.to_owned().unbind())))
+    }
+}
+
 /// How a str with a lone surrogate (not encodable as UTF-8) is reported:
 /// torch raises `RuntimeError` for an Event data value, `TypeError` elsewhere.
 #[derive(Clone, Copy)]
