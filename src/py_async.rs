@@ -24,7 +24,7 @@ use pyo3::prelude::*;
 use pyo3::types::{PyBool, PyInt, PyString};
 use std::time::{Duration, Instant};
 
-use crate::py_convert::{arg_type_error, arg_value_error};
+use crate::py_convert::{Given, arg_type_error, arg_value_error};
 use crate::py_event::Event;
 use torchmon_core::async_handlers::{AsyncHandlers, MAX_QUEUE, Member, Offered, OnFull, Step};
 use torchmon_core::worker::{Flow, Sink, Worker};
@@ -156,18 +156,6 @@ fn on_full_arg(value: &Bound<'_, PyAny>) -> PyResult<OnFull> {
             format_args!("must be \"drop\" or \"block\", got {text:?}"),
         )
     })
-}
-
-/// An optional argument as passed (`None` when omitted), so that an explicit
-/// `None` is reported as a wrong type rather than taken for the default.
-pub struct Given(Option<Py<PyAny>>);
-
-impl<'a, 'py> FromPyObject<'a, 'py> for Given {
-    type Error = PyErr;
-
-    fn extract(obj: pyo3::Borrowed<'a, 'py, PyAny>) -> PyResult<Self> {
-        Ok(Given(Some(obj.to_owned().unbind())))
-    }
 }
 
 /// Calls `handler` on a background thread, in order, fed by a bounded queue.

@@ -22,6 +22,7 @@ use std::sync::{Arc, Weak};
 
 use crate::py_registry::Failures;
 use crate::py_stat::StatShared;
+use torchmon_core::recent::Recent;
 use torchmon_core::stat::{Closed, live};
 
 /// What the store needs from torch and torchmon's Python side, set once
@@ -137,8 +138,9 @@ pub fn _record_cpu_tensors<'py>(
 /// Weak: a graph does not keep its Stats alive, and a Stat's `live_id` is
 /// never reused, so a Stat that died stays dead.
 struct ParsedSegments {
-    /// Kept alive, so that its address is not reused by another tuple.
-    segments: Py<PyTuple>,
+    /// The tuple, kept alive (never read) so that its address, the key,
+    /// is not reused by another tuple.
+    _segments: Py<PyTuple>,
     stats: Vec<(Weak<StatShared>, usize)>,
 }
 
@@ -146,10 +148,11 @@ struct ParsedSegments {
 /// parses again (a tuple's parse is ~30 ns a segment, its lookup 1-2 ns).
 const PARSED_SEGMENTS_KEPT: usize = 64;
 
-/// Touched only while attached to Python and with no Python code run under
-/// the lock (an evicted tuple is dropped after it), so it is never
-/// contended on GIL builds and never held across a fork.
-static PARSED_SEGMENTS: Mutex<Vec<ParsedSegments>> = Mutex::new(Vec::new());
+/// Keyed by the tuple's address. Touched only while attached to Python and
+/// with no Python code run under the lock (an evicted tuple is dropped after
+/// it), so it is never contended on GIL builds and never held across a fork.
+static PARSED_SEGMENTS: Mutex<Recent<usize, ParsedSegments>> =
+    Mutex::new(Recent::new(PARSED_SEGMENTS_KEPT));
 
 /// The Stats (None for one no longer alive) and lengths of `segments`.
 fn stats_of_segments(
@@ -162,11 +165,8 @@ fn stats_of_segments(
             .map(|(stat, length)| (stat.upgrade(), *length))
             .collect::<Vec<_>>()
     };
-    if let Some(parsed) = PARSED_SEGMENTS
-        .lock()
-        .iter()
-        .find(|parsed| parsed.segments.as_ptr() == segments.as_ptr())
-    {
+    let key = segments.as_ptr() as usize;
+    if let Some(parsed) = PARSED_SEGMENTS.lock().get(&key) {
         return Ok(upgrade(parsed));
     }
     let mut ids_and_lengths = Vec::with_capacity(segments.len());
@@ -179,7 +179,7 @@ fn stats_of_segments(
     }
     let stats = live_stats(ids_and_lengths.iter().map(|(live_id, _)| *live_id));
     let parsed = ParsedSegments {
-        segments: segments.clone().unbind(),
+        _segments: segments.clone().unbind(),
         stats: stats
             .iter()
             .zip(&ids_and_lengths)
@@ -191,18 +191,11 @@ fn stats_of_segments(
             })
             .collect(),
     };
-    let evicted = {
-        let mut kept = PARSED_SEGMENTS.lock();
-        let evicted = (kept.len() >= PARSED_SEGMENTS_KEPT).then(|| kept.remove(0));
-        kept.push(parsed);
-        evicted
-    };
-    drop(evicted);
-    Ok(stats
-        .into_iter()
-        .zip(ids_and_lengths)
-        .map(|(stat, (_, length))| (stat, length))
-        .collect())
+    // `stats` still holds every live one: the upgrades find them all.
+    let found = upgrade(&parsed);
+    let evicted = PARSED_SEGMENTS.lock().insert(key, parsed);
+    drop((evicted, stats));
+    Ok(found)
 }
 
 /// `_record_cpu_tensors`; with `set_eval_frame`, handlers of the windows

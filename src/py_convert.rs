@@ -9,6 +9,7 @@ use pyo3::sync::PyOnceLock;
 use pyo3::types::{PyBool, PyByteArray, PyBytes, PyComplex, PyFloat, PyInt, PyString};
 
 use crate::py_objects::{DTYPE, INDEX, KIND};
+use torchmon_core::stat::NotASample as Reason;
 
 /// The one format of an argument error, here and in the Python package
 /// (python/torchmon/_errors.py): the call, the argument, then the argument
@@ -37,6 +38,19 @@ pub fn type_name(obj: &Bound<'_, PyAny>) -> String {
         .name()
         .map(|n| n.to_string())
         .unwrap_or_else(|_| "?".to_owned())
+}
+
+/// An optional argument as passed (`None` when omitted), so that an explicit
+/// `None` is reported as a wrong type rather than taken for the default (as
+/// torch, checked in argument order).
+pub struct Given(pub Option<Py<PyAny>>);
+
+impl<'a, 'py> FromPyObject<'a, 'py> for Given {
+    type Error = PyErr;
+
+    fn extract(obj: pyo3::Borrowed<'a, 'py, PyAny>) -> PyResult<Self> {
+        Ok(Given(Some(obj.to_owned().unbind())))
+    }
 }
 
 /// How a str with a lone surrogate (not encodable as UTF-8) is reported:
@@ -289,32 +303,15 @@ pub enum NotASample {
 }
 
 impl NotASample {
-    /// The `TypeError` (as torch raises for each, /work/shared/SPEC.md
-    /// "Stat") about `value`; `subject` names it: `Stat.add(v): v`.
+    /// The `TypeError` (as torch raises for each; the core's wording) about
+    /// `value`; `subject` names it: `Stat.add(v): v`.
     pub fn into_error(self, value: &Bound<'_, PyAny>, subject: &str) -> PyErr {
-        let (message, cause) = match self {
-            NotASample::NotANumber(cause) => (
-                format!(
-                    "{subject} must be a real number (float, int, bool or an object with __float__), not {}",
-                    type_name(value)
-                ),
-                cause,
-            ),
-            NotASample::IntTooLarge(cause) => (
-                format!(
-                    "{subject} must be a real number, not an int too large to convert to float"
-                ),
-                Some(cause),
-            ),
-            NotASample::Complex => (
-                format!(
-                    "{subject} must be a real number, not a complex number ({})",
-                    type_name(value)
-                ),
-                None,
-            ),
+        let (reason, cause) = match self {
+            NotASample::NotANumber(cause) => (Reason::NotANumber, cause),
+            NotASample::IntTooLarge(cause) => (Reason::IntTooLarge, Some(cause)),
+            NotASample::Complex => (Reason::Complex, None),
         };
-        let err = PyTypeError::new_err(message);
+        let err = PyTypeError::new_err(reason.message(subject, &type_name(value)));
         err.set_cause(value.py(), cause);
         err
     }

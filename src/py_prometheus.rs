@@ -7,9 +7,9 @@ use pyo3::exceptions::{PyOSError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::PyBytes;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::AtomicBool;
 use std::time::Duration;
-use torchmon_core::prometheus::{ClassicLayout, Exposition, Reading};
+use torchmon_core::prometheus::{ClassicLayout, Exposition, Reading, Served};
 use torchmon_core::prometheus_server::{
     Format, Limits, MAX_HEAD, Render, Server, accepts_protobuf,
 };
@@ -21,56 +21,16 @@ use torchmon_core::prometheus_server::{
 /// new exposition (`_after_fork_in_child`).
 #[pyclass(module = "torchmon._core", frozen, weakref)]
 pub struct _PrometheusExposition {
-    state: Mutex<Arc<Shared>>,
+    state: Mutex<Arc<Served>>,
     closed: Arc<AtomicBool>,
     /// The server of `serve`; like `state`, its lock is only taken while
     /// attached to Python, for a take or a put.
     server: Mutex<Option<Server>>,
-    /// Every `(name, help, histogram)` declared, for a forked child's new
-    /// state; like `state`, its lock is only taken while attached to Python.
-    declared: Mutex<Vec<(String, String, bool)>>,
-}
-
-struct Shared {
-    exposition: Exposition,
-    /// Held across a render and by close(), so that a render completes
-    /// before a close or sees it.
-    closing: Mutex<()>,
 }
 
 impl _PrometheusExposition {
-    fn state(&self) -> Arc<Shared> {
+    fn state(&self) -> Arc<Served> {
         self.state.lock().clone()
-    }
-}
-
-impl Shared {
-    fn new(exposition: Exposition) -> Arc<Shared> {
-        let closing = Mutex::new(());
-        Arc::new(Shared {
-            exposition,
-            closing,
-        })
-    }
-
-    /// A scrape's body, or `None` once closed; never attached to Python.
-    fn render(&self, closed: &AtomicBool, format: Format) -> Option<Vec<u8>> {
-        let _not_closing = self.closing.lock();
-        if closed.load(Ordering::Acquire) {
-            return None;
-        }
-        Some(match format {
-            Format::Protobuf => {
-                let mut body = Vec::with_capacity(256 * self.exposition.len());
-                self.exposition.encode_protobuf(&mut body);
-                body
-            }
-            Format::Text => {
-                let mut body = String::with_capacity(512 * self.exposition.len());
-                self.exposition.encode_text(&mut body);
-                body.into_bytes()
-            }
-        })
     }
 }
 
@@ -100,10 +60,9 @@ impl _PrometheusExposition {
         };
         let exposition = Exposition::new(labels, max_buckets, classic, protobuf_classic);
         Ok(_PrometheusExposition {
-            state: Mutex::new(Shared::new(exposition)),
+            state: Mutex::new(Served::new(exposition)),
             closed: Arc::new(AtomicBool::new(false)),
             server: Mutex::new(None),
-            declared: Mutex::new(Vec::new()),
         })
     }
 
@@ -133,15 +92,11 @@ impl _PrometheusExposition {
     /// Creates the histogram (`histogram` true) or the gauge `name`; a
     /// no-op if it exists with that kind.
     fn declare(&self, name: &str, help: &str, histogram: bool) -> PyResult<()> {
-        let mut declared = self.declared.lock();
-        let created = (self.state().exposition.declare(name, help, histogram)).map_err(|_| {
+        let created = self.state().exposition.declare(name, help, histogram);
+        created.map(drop).map_err(|_| {
             let message = format!("_PrometheusExposition: {name:?} is already of the other kind");
             PyValueError::new_err(message)
-        })?;
-        if created {
-            declared.push((name.to_owned(), help.to_owned(), histogram));
-        }
-        Ok(())
+        })
     }
 
     /// Every metric as `(name, help, value, None)` for a gauge and `(name,
@@ -237,10 +192,7 @@ impl _PrometheusExposition {
     /// Later renders return `None`; a render in progress completes first.
     fn close(&self, py: Python<'_>) {
         let state = self.state();
-        py.detach(|| {
-            let _no_render = state.closing.lock();
-            self.closed.store(true, Ordering::Release);
-        });
+        py.detach(|| state.close(&self.closed));
     }
 
     /// In a forked child: a new, empty state (the parent's may have been
@@ -252,7 +204,7 @@ impl _PrometheusExposition {
         if let Some(server) = self.server.lock().take() {
             server.forget_in_child();
         }
-        let fresh = self.state().exposition.fresh(self.declared.lock().iter());
-        *self.state.lock() = Shared::new(fresh);
+        let fresh = self.state().exposition.fresh();
+        *self.state.lock() = Served::new(fresh);
     }
 }

@@ -12,9 +12,9 @@ use std::sync::{Arc, Weak};
 use crate::py_add_many::{add_buffer, add_iterable};
 use crate::py_aggregation::PyAggregation;
 use crate::py_clock::TIMEDELTA_MAX_MS;
-use crate::py_convert::{sample, tensor_support};
+use crate::py_convert::{Given, sample, tensor_support};
 use crate::py_registry::{Failures, current_handlers};
-use crate::py_stat_args::{MaxSamplesArg, StatArgs, stat_args};
+use crate::py_stat_args::{StatArgs, stat_args};
 use crate::py_window_event::dispatch_window_event;
 use torchmon_core::aggregation::Aggregation;
 use torchmon_core::stat::{Closed, Stat as CoreStat, WindowStats};
@@ -186,7 +186,7 @@ impl Stat {
 impl Stat {
     #[new]
     #[pyo3(
-        signature = (name, aggregations, window_size, max_samples = MaxSamplesArg(None)),
+        signature = (name, aggregations, window_size, max_samples = Given(None)),
         text_signature = "(name, aggregations, window_size, max_samples=9223372036854775807)"
     )]
     fn new(
@@ -194,7 +194,7 @@ impl Stat {
         name: &Bound<'_, PyAny>,
         aggregations: &Bound<'_, PyAny>,
         window_size: &Bound<'_, PyAny>,
-        max_samples: MaxSamplesArg,
+        max_samples: Given,
     ) -> PyResult<Self> {
         let StatArgs {
             name,

@@ -8,21 +8,11 @@ use pyo3::types::{PyBool, PyFloat, PyInt, PyString};
 
 use crate::py_aggregation::PyAggregation;
 use crate::py_clock::{WindowRule, window_arg, window_ms};
-use crate::py_convert::{Surrogates, arg_type_error, arg_value_error, string_arg, type_name};
+use crate::py_convert::{
+    Given, Surrogates, arg_type_error, arg_value_error, string_arg, type_name,
+};
 use torchmon_core::aggregation::Aggregation;
 use torchmon_core::stat::MAX_NAME_CHARS;
-
-/// The `max_samples` argument as passed, or `None` when omitted: an explicit
-/// `None` is a TypeError (as torch), checked in argument order.
-pub struct MaxSamplesArg(pub Option<Py<PyAny>>);
-
-impl<'a, 'py> FromPyObject<'a, 'py> for MaxSamplesArg {
-    type Error = PyErr;
-
-    fn extract(obj: pyo3::Borrowed<'a, 'py, PyAny>) -> PyResult<Self> {
-        Ok(MaxSamplesArg(Some(obj.to_owned().unbind())))
-    }
-}
 
 /// A `Stat`'s arguments, checked.
 pub struct StatArgs<'py> {
@@ -38,7 +28,7 @@ pub fn stat_args<'py>(
     name: &Bound<'py, PyAny>,
     aggregations: &Bound<'py, PyAny>,
     window_size: &Bound<'py, PyAny>,
-    max_samples: &MaxSamplesArg,
+    max_samples: &Given,
 ) -> PyResult<StatArgs<'py>> {
     check_name_type(name)?;
     let aggregations = aggregations_arg(aggregations)?;

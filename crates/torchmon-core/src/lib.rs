@@ -21,6 +21,7 @@ pub mod fork;
 pub mod histogram;
 pub mod prometheus;
 pub mod prometheus_server;
+pub mod recent;
 pub mod registry;
 pub mod stat;
 pub mod summary;

@@ -13,6 +13,7 @@
 
 use std::collections::HashMap;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use parking_lot::Mutex;
 
@@ -22,6 +23,8 @@ mod text;
 
 pub use cumulative::{ClassicLayout, Cumulative, MIN_SCHEMA, Native, ZERO_THRESHOLD};
 pub use text::go_float;
+
+use crate::prometheus_server::Format;
 
 use text::TextLabels;
 
@@ -57,6 +60,10 @@ pub struct Exposition {
     /// The text exposition's label sets, written once (`text::TextLabels`).
     text_labels: TextLabels,
     families: Mutex<Families>,
+    /// Every `(name, help, histogram)` declared, for `fresh`: its lock is
+    /// taken only by `declare` and `fresh`, never by a render, so a forked
+    /// child never finds it held by a thread the fork left behind.
+    declared: Mutex<Vec<(String, String, bool)>>,
 }
 
 /// One metric as a collector reads it (`Exposition::snapshot`).
@@ -89,16 +96,14 @@ impl Exposition {
             protobuf_classic,
             text_labels,
             families: Mutex::new(Families::default()),
+            declared: Mutex::new(Vec::new()),
         }
     }
 
-    /// A new exposition of this one's configuration with `declared`'s
-    /// `(name, help, histogram)` metrics, empty. It reads none of this
-    /// one's locks: a forked child's copy of one may be held for ever.
-    pub fn fresh<'a>(
-        &self,
-        declared: impl IntoIterator<Item = &'a (String, String, bool)>,
-    ) -> Self {
+    /// A new exposition of this one's configuration with the metrics it
+    /// declared, empty. It reads none of the locks a render takes: a forked
+    /// child's copy of one may be held for ever.
+    pub fn fresh(&self) -> Self {
         let labels = self.labels.clone();
         let fresh = Exposition::new(
             labels,
@@ -106,7 +111,7 @@ impl Exposition {
             self.classic.clone(),
             self.protobuf_classic,
         );
-        for (name, help, histogram) in declared {
+        for (name, help, histogram) in self.declared.lock().iter() {
             let _ = fresh.declare(name, help, *histogram);
         }
         fresh
@@ -115,6 +120,7 @@ impl Exposition {
     /// Creates the gauge (`histogram` false, value 0) or the histogram
     /// `name` with `help` (true); a no-op if it exists with that kind (false).
     pub fn declare(&self, name: &str, help: &str, histogram: bool) -> Result<bool, KindClash> {
+        let mut declared = self.declared.lock();
         let mut families = self.families.lock();
         if let Some(&index) = families.by_name.get(name) {
             let is_histogram = matches!(families.list[index].lock().value, Value::Histogram(_));
@@ -136,6 +142,7 @@ impl Exposition {
         })));
         let index = families.list.len() - 1;
         families.by_name.insert(name.to_owned(), index);
+        declared.push((name.to_owned(), help.to_owned(), histogram));
         Ok(true)
     }
 
@@ -223,6 +230,54 @@ impl Exposition {
     }
 }
 
+/// What a handler's scrapes render (every path: `render()`, the server of
+/// `serve()`), until the handler closes: an `Exposition` and the lock that
+/// orders a render and a close.
+pub struct Served {
+    pub exposition: Exposition,
+    /// Held across a render and by `close`, so that a render completes
+    /// before a close or sees it.
+    closing: Mutex<()>,
+}
+
+impl Served {
+    pub fn new(exposition: Exposition) -> Arc<Served> {
+        let closing = Mutex::new(());
+        Arc::new(Served {
+            exposition,
+            closing,
+        })
+    }
+
+    /// A scrape's body in `format`, or `None` once `closed`.
+    pub fn render(&self, closed: &AtomicBool, format: Format) -> Option<Vec<u8>> {
+        let _not_closing = self.closing.lock();
+        if closed.load(Ordering::Acquire) {
+            return None;
+        }
+        Some(match format {
+            Format::Protobuf => {
+                let mut body = Vec::with_capacity(256 * self.exposition.len());
+                self.exposition.encode_protobuf(&mut body);
+                body
+            }
+            Format::Text => {
+                let mut body = String::with_capacity(512 * self.exposition.len());
+                self.exposition.encode_text(&mut body);
+                body.into_bytes()
+            }
+        })
+    }
+
+    /// Sets `closed` once no render is in progress: later renders return
+    /// `None`. `closed` is the handler's, shared by the `Served` a forked
+    /// child makes anew.
+    pub fn close(&self, closed: &AtomicBool) {
+        let _no_render = self.closing.lock();
+        closed.store(true, Ordering::Release);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -265,16 +320,48 @@ mod tests {
             ]
         );
         let _held = e.families.lock(); // as a fork may copy it
-        let declared = [("h".to_owned(), "hist".to_owned(), true)];
-        let fresh = e.fresh(&declared);
+        let fresh = e.fresh();
         assert_eq!(fresh.le_texts(), e.le_texts());
         assert_eq!(
-            fresh.snapshot()[0].2,
-            Reading::Histogram(vec![0, 0, 0, 0], 0.0)
+            fresh.snapshot(),
+            [
+                (
+                    "h".into(),
+                    "hist".into(),
+                    Reading::Histogram(vec![0, 0, 0, 0], 0.0)
+                ),
+                ("g".into(), "gauge".into(), Reading::Gauge(0.0)),
+            ]
         );
         let bare = Exposition::new(vec![], 160, None, false);
         bare.declare("h", "hist", true).unwrap();
         assert_eq!(bare.le_texts(), ["+Inf"]);
         assert_eq!(bare.snapshot()[0].2, Reading::Histogram(vec![0], 0.0));
+    }
+
+    #[test]
+    fn fresh_declares_each_metric_once_and_not_a_refused_one() {
+        let e = Exposition::new(vec![], 160, None, false);
+        e.declare("g", "gauge", false).unwrap();
+        e.declare("g", "gauge", false).unwrap();
+        assert_eq!(e.declare("g", "gauge", true), Err(KindClash));
+        let names: Vec<_> = e.fresh().snapshot().into_iter().map(|m| m.0).collect();
+        assert_eq!(names, ["g"]);
+    }
+
+    #[test]
+    fn a_served_exposition_renders_either_format_until_closed() {
+        let served = Served::new(Exposition::new(vec![], 160, None, false));
+        served.exposition.declare("g", "gauge", false).unwrap();
+        served.exposition.set_gauge("g", 2.0);
+        let closed = AtomicBool::new(false);
+        let text = served.render(&closed, Format::Text).unwrap();
+        assert_eq!(text, b"# HELP g gauge\n# TYPE g gauge\ng 2.0\n");
+        let mut protobuf = Vec::new();
+        served.exposition.encode_protobuf(&mut protobuf);
+        assert_eq!(served.render(&closed, Format::Protobuf), Some(protobuf));
+        served.close(&closed);
+        assert!(closed.load(Ordering::Acquire));
+        assert_eq!(served.render(&closed, Format::Text), None);
     }
 }

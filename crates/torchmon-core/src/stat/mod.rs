@@ -52,6 +52,36 @@ pub const MAX_SAMPLES_CAP: u64 = 1 << 61;
 /// a Prometheus scrape repeats the name on every series of every window.
 pub const MAX_NAME_CHARS: usize = 200;
 
+/// Why a value is not a sample of `Stat.add`/`add_many`: the binding finds
+/// which, this is the wording of its `TypeError` (docs/api.md, `Stat.add`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum NotASample {
+    /// Not a real number (`float()` refuses it).
+    NotANumber,
+    /// An int beyond the float range.
+    IntTooLarge,
+    Complex,
+}
+
+impl NotASample {
+    /// The message about a value of type `type_name`; `subject` names it:
+    /// `Stat.add(v): v`.
+    pub fn message(self, subject: &str, type_name: &str) -> String {
+        match self {
+            NotASample::NotANumber => format!(
+                "{subject} must be a real number (float, int, bool or an object with \
+                 __float__), not {type_name}"
+            ),
+            NotASample::IntTooLarge => {
+                format!("{subject} must be a real number, not an int too large to convert to float")
+            }
+            NotASample::Complex => {
+                format!("{subject} must be a real number, not a complex number ({type_name})")
+            }
+        }
+    }
+}
+
 /// The name of a closed window's event (torch.monitor's).
 pub const STAT_EVENT: &str = "torch.monitor.Stat";
 

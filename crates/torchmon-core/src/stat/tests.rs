@@ -595,3 +595,20 @@ fn a_writer_stranded_by_the_fork_does_not_block_the_childs_closes() {
     assert_eq!(closed.len(), 1);
     assert_eq!((closed[0].count, closed[0].sum), (1, 2.0));
 }
+
+#[test]
+fn a_refused_sample_is_worded_by_its_reason() {
+    let message = |reason: NotASample| reason.message("Stat.add(v): v", "str");
+    assert_eq!(
+        message(NotASample::NotANumber),
+        "Stat.add(v): v must be a real number (float, int, bool or an object with __float__), not str"
+    );
+    assert_eq!(
+        message(NotASample::IntTooLarge),
+        "Stat.add(v): v must be a real number, not an int too large to convert to float"
+    );
+    assert_eq!(
+        message(NotASample::Complex),
+        "Stat.add(v): v must be a real number, not a complex number (str)"
+    );
+}
