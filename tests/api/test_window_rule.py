@@ -150,7 +150,7 @@ def test_int_seconds_is_taken_everywhere_but_in_stat(api: str) -> None:
 
 
 def test_stat_takes_windows_beyond_timedelta_max_up_to_int64_ms() -> None:
-    # SPEC.md: too large for int64 milliseconds is Stat's bound; 1e15 s is
+    # docs/api.md, "Window sizes": int64 milliseconds is Stat's bound; 1e15 s is
     # 1e18 ms, beyond timedelta.max, which bounds the APIs holding a timedelta.
     torchmon.Stat("test_window_rule.huge", [], 1e15)
     too_large = "is too large (at most {bound} milliseconds, {bound_name})"

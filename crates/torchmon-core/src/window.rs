@@ -15,7 +15,7 @@ pub const TIMEDELTA_MAX_MS: i64 = 999_999_999 * 86_400_000 + 86_399_999;
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 pub enum WindowRule {
     /// `Stat`, torch.monitor's: a timedelta or a float (an int is a
-    /// `TypeError`, as torch), up to int64 milliseconds (SPEC.md).
+    /// `TypeError`, as torch), up to int64 milliseconds, as torch.monitor 2.13.
     Torch,
     /// Every torchmon API that takes a window size: a timedelta or an int or
     /// float number of seconds, up to `timedelta.max` (they hold the window
