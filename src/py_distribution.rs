@@ -564,13 +564,7 @@ impl PyDistribution {
         )
     }
 
-    // What python/torchmon/_distribution.py names for the Prometheus handler
-    // and the tests.
-
-    #[classattr]
-    const _MIN_INDEX: i32 = core::MIN_INDEX;
-    #[classattr]
-    const _MAX_INDEX: i32 = core::MAX_INDEX;
+    // What python/torchmon/_distribution.py names for the tests.
 
     /// The bucket of `|value|` (finite, not zero).
     #[staticmethod]
@@ -598,11 +592,5 @@ impl PyDistribution {
             ));
         }
         Ok(core::representative(index))
-    }
-
-    /// The largest double in bucket `index` or below (`histogram::bucket_upper`).
-    #[staticmethod]
-    fn _upper(index: i64) -> f64 {
-        core::bucket_upper(index)
     }
 }

@@ -76,8 +76,6 @@ _BUCKET_MIDPOINTS: tuple[float, ...]
 class Distribution:
     """A Stat window's samples, bucketed at scale 6 (docs/api.md, "Distribution")."""
 
-    _MIN_INDEX: ClassVar[int]
-    _MAX_INDEX: ClassVar[int]
     def __new__(
         cls,
         *,
@@ -145,8 +143,6 @@ class Distribution:
     def _bucket_index(value: float) -> int: ...
     @staticmethod
     def _representative(index: int) -> float: ...
-    @staticmethod
-    def _upper(index: int) -> float: ...
 
 @final
 class Aggregation:

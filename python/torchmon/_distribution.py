@@ -10,11 +10,8 @@ from ._core import Distribution
 
 __all__ = ["BUCKET_MIDPOINTS", "Distribution"]
 
-MIN_INDEX = Distribution._MIN_INDEX
-MAX_INDEX = Distribution._MAX_INDEX
 bucket_index = Distribution._bucket_index
 representative = Distribution._representative
-_upper = Distribution._upper
 
 
 def _restore(scale: int, *fields: object) -> Distribution:
