@@ -22,6 +22,7 @@ mod py_stat;
 mod py_stat_args;
 mod py_summary;
 mod py_torch_wait_counters;
+mod py_watchdog;
 mod py_window_event;
 
 use pyo3::prelude::*;
@@ -66,6 +67,13 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<Stat>()?;
     m.add_class::<crate::py_prometheus::_PrometheusExposition>()?;
     m.add_class::<crate::py_summary::_Summary>()?;
+    {
+        use crate::py_watchdog as watchdog;
+        m.add_class::<watchdog::PyWatchdog>()?;
+        m.add_class::<watchdog::PySection>()?;
+        m.add_function(wrap_pyfunction!(watchdog::_set_stack_dumper, m)?)?;
+        m.add_function(wrap_pyfunction!(watchdog::_signal_is_taken, m)?)?;
+    }
     m.add_function(wrap_pyfunction!(_close_async_handlers_at_exit, m)?)?;
     m.add_function(wrap_pyfunction!(_restart_async_handlers_after_fork, m)?)?;
     m.add_function(wrap_pyfunction!(_drain_async_handlers, m)?)?;

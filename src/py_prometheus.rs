@@ -40,14 +40,16 @@ impl _PrometheusExposition {
     /// bucket limit per native histogram; `classic`: `(per_octave, lo, hi)`
     /// of the handler's classic layout (`ClassicLayout::new`: the text
     /// exposition's and a collector's buckets); `protobuf_classic`: the
-    /// protobuf body carries them too.
+    /// protobuf body carries them too; `watchdog_gauge`: the name of the
+    /// watchdog's beat-age gauge, read at each render.
     #[new]
-    #[pyo3(signature = (labels, max_buckets, classic=None, protobuf_classic=false))]
+    #[pyo3(signature = (labels, max_buckets, classic=None, protobuf_classic=false, watchdog_gauge=None))]
     fn new(
         labels: Vec<(String, String)>,
         max_buckets: usize,
         classic: Option<(u32, f64, f64)>,
         protobuf_classic: bool,
+        watchdog_gauge: Option<String>,
     ) -> PyResult<Self> {
         // The handler checked its arguments; anything else is refused here
         // rather than met as a panic in a render.
@@ -58,7 +60,10 @@ impl _PrometheusExposition {
             ))?,
             layout => layout.flatten(),
         };
-        let exposition = Exposition::new(labels, max_buckets, classic, protobuf_classic);
+        let mut exposition = Exposition::new(labels, max_buckets, classic, protobuf_classic);
+        if let Some(name) = watchdog_gauge {
+            exposition = exposition.with_watchdog_gauge(name);
+        }
         Ok(_PrometheusExposition {
             state: Mutex::new(Served::new(exposition)),
             closed: Arc::new(AtomicBool::new(false)),

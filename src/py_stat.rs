@@ -273,6 +273,21 @@ impl Stat {
         Ok(result)
     }
 
+    /// Closes the open window now if it holds samples (as `flush()` does,
+    /// without ending it), emits it, and returns its event data, or None:
+    /// the watchdog's report cuts its section windows at each interval.
+    fn _flush_window<'py>(&self, py: Python<'py>) -> PyResult<Option<Bound<'py, PyDict>>> {
+        let Some(window) = self.core.flush() else {
+            return Ok(None);
+        };
+        self.shared.emit_window(py, &window)?;
+        let data = PyDict::new(py);
+        for output in &self.shared.outputs {
+            data.set_item(output.key.bind(py), window.get(output.aggregation))?;
+        }
+        Ok(Some(data))
+    }
+
     /// Samples in the open window.
     #[getter]
     fn count(&self) -> u64 {

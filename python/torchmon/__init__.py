@@ -43,6 +43,7 @@ if TYPE_CHECKING:
 # System stats (docs/guide.md, "System stats"): imported on first use too.
 if TYPE_CHECKING:
     from ._system import SystemStats
+    from ._watchdog import Watchdog
 
 _FROM_HANDLERS = frozenset(
     (
@@ -70,6 +71,10 @@ def __getattr__(name: str) -> object:
         from . import _rank
 
         return getattr(_rank, name)
+    if name == "Watchdog":  # hang and straggler reports (docs/watchdog.md), on first use
+        from ._watchdog import Watchdog
+
+        return Watchdog
     if name == "SystemStats":  # system stats: logging and a sampler thread, on first use
         from ._system import SystemStats
 
@@ -135,6 +140,7 @@ __all__ = [
     "SystemStats",
     "TensorboardEventHandler",
     "WaitCounter",
+    "Watchdog",
     "_WaitCounter",
     "_WaitCounterTracker",
     "data_value_t",

@@ -38,6 +38,11 @@ def _before_threads_join() -> None:
     # 1. Tensor values staged by compiled graphs, or not read yet from a
     #    device, become samples of their Stats.
     _tensors.read_pending()
+    watchdog = _imported("_watchdog")
+    if watchdog is not None:
+        # Running watchdogs stop: no hang report starts while the
+        # interpreter ends (their sections' open windows go with step 3).
+        watchdog._close_all()
     system = _imported("_system")
     if system is not None:
         # 2. SystemStats samplers stop, with a last sample in their windows.

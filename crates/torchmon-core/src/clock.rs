@@ -61,6 +61,21 @@ pub fn monotonic_ms() -> i64 {
     ts.tv_sec * 1000 + ts.tv_nsec / 1_000_000
 }
 
+/// The real monotonic clock in nanoseconds (the durations of watchdog
+/// sections).
+#[inline]
+pub fn monotonic_ns() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: as in `monotonic_ms`.
+    unsafe {
+        libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts);
+    }
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
+
 /// The coarse monotonic clock (`CLOCK_MONOTONIC_COARSE`) in whole
 /// milliseconds: the time of the last scheduler tick, read from the vDSO
 /// without touching the clocksource. It is never ahead of `monotonic_ms` and

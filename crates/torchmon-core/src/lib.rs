@@ -29,5 +29,6 @@ mod sync;
 // Not under loom: its statics hold std atomics, and it runs no model.
 #[cfg(not(loom))]
 pub mod wait_counter;
+pub mod watchdog;
 pub mod window;
 pub mod worker;

@@ -62,6 +62,12 @@ _TAKEN = (
 DEFAULT_HISTOGRAM_RANGE = (2.0**-20, 2.0**20)
 
 
+#: The gauge of seconds since a running torchmon.Watchdog last saw a step
+#: (0 while paused), after the handler's prefix; read at each scrape by the
+#: native exposition, so it grows while the process is wedged (docs/watchdog.md).
+WATCHDOG_GAUGE = "torchmon_watchdog_seconds_since_beat"
+
+
 def prometheus_metric_name(key: str, prefix: str = "") -> str:
     """The gauge name for a Stat event key: ``"train.loss.mean"`` -> ``"train_loss_mean"``.
 
@@ -230,6 +236,7 @@ class PrometheusEventHandler(ClosesOnExit):
             max_buckets,
             None if per_octave is None else (per_octave, lo, hi),
             protobuf_classic_buckets,
+            prefix + WATCHDOG_GAUGE,
         )
         _LIVE_HANDLERS.add(self)
         self._registry = registry

@@ -64,7 +64,14 @@ pub struct Exposition {
     /// taken only by `declare` and `fresh`, never by a render, so a forked
     /// child never finds it held by a thread the fork left behind.
     declared: Mutex<Vec<(String, String, bool)>>,
+    /// The name of the watchdog's beat-age gauge, read at each render
+    /// (`with_watchdog_gauge`).
+    watchdog_gauge: Option<String>,
 }
+
+/// The help text of the watchdog's beat-age gauge.
+pub const WATCHDOG_GAUGE_HELP: &str =
+    "Seconds since a torchmon.Watchdog last saw a step (0 while paused), read at scrape time";
 
 /// One metric as a collector reads it (`Exposition::snapshot`).
 #[derive(Clone, Debug, PartialEq)]
@@ -97,7 +104,32 @@ impl Exposition {
             text_labels,
             families: Mutex::new(Families::default()),
             declared: Mutex::new(Vec::new()),
+            watchdog_gauge: None,
         }
+    }
+
+    /// Renders, after the declared metrics, the gauge `name`: the seconds
+    /// since a running `watchdog::Watchdog` of this process last saw a beat,
+    /// read at each render, so that it grows while the process is wedged
+    /// (absent while no watchdog runs).
+    pub fn with_watchdog_gauge(mut self, name: String) -> Self {
+        self.watchdog_gauge = Some(name);
+        self
+    }
+
+    /// What a render encodes: the declared metrics, then the live gauge.
+    fn rendered(&self) -> Vec<Arc<Mutex<Family>>> {
+        let mut list = self.families.lock().list.clone();
+        if let Some(name) = &self.watchdog_gauge
+            && let Some(seconds) = crate::watchdog::seconds_since_beat()
+        {
+            list.push(Arc::new(Mutex::new(Family {
+                name: name.clone(),
+                help: WATCHDOG_GAUGE_HELP.to_owned(),
+                value: Value::Gauge(seconds),
+            })));
+        }
+        list
     }
 
     /// A new exposition of this one's configuration with the metrics it
@@ -105,12 +137,13 @@ impl Exposition {
     /// child's copy of one may be held for ever.
     pub fn fresh(&self) -> Self {
         let labels = self.labels.clone();
-        let fresh = Exposition::new(
+        let mut fresh = Exposition::new(
             labels,
             self.max_buckets,
             self.classic.clone(),
             self.protobuf_classic,
         );
+        fresh.watchdog_gauge = self.watchdog_gauge.clone();
         for (name, help, histogram) in self.declared.lock().iter() {
             let _ = fresh.declare(name, help, *histogram);
         }
@@ -186,7 +219,7 @@ impl Exposition {
     /// under each one's lock in turn: what a prometheus_client collector
     /// turns into families, holding no lock (docs/sinks.md, "Prometheus").
     pub fn snapshot(&self) -> Vec<(String, String, Reading)> {
-        let list = self.families.lock().list.clone();
+        let list = self.rendered();
         let read = |family: &Family| match &family.value {
             Value::Gauge(value) => Reading::Gauge(*value),
             Value::Histogram(cumulative) => {

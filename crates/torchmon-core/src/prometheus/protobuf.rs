@@ -91,7 +91,7 @@ impl Exposition {
     /// messages (`application/vnd.google.protobuf;
     /// proto=io.prometheus.client.MetricFamily; encoding=delimited`).
     pub fn encode_protobuf(&self, out: &mut Vec<u8>) {
-        let list = self.families.lock().list.clone();
+        let list = self.rendered();
         let mut family_bytes = Vec::new();
         let mut metric_bytes = Vec::new();
         let mut scratch = Vec::new();

@@ -67,7 +67,7 @@ impl Exposition {
     /// `floatToGoString`, a histogram's `_bucket` lines at the classic
     /// bounds, then `_count` and `_sum`.
     pub fn encode_text(&self, out: &mut String) {
-        let list = self.families.lock().list.clone();
+        let list = self.rendered();
         for family in list {
             let family = family.lock();
             let name = family.name.as_str();

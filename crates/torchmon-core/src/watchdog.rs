@@ -1,0 +1,762 @@
+//! The hang watchdog behind `torchmon.Watchdog` (docs/watchdog.md): a step
+//! counter that the training thread bumps (`beat`), and a thread of its own
+//! that decides, without Python and without the GIL, that the beats stopped
+//! for longer than the timeout, writes every Python thread's stack to a file
+//! and tells the embedder.
+//!
+//! The timeout is `max(min_timeout, factor * p99 of the recent beat
+//! intervals)`, capped by `max_timeout` when one is given; until
+//! `warmup_beats` beats happened (the first steps compile) it is
+//! `first_timeout`, and the intervals of those beats are not kept. A pause
+//! (`pause`/`resume`, a checkpoint) stops the clock: the time paused never
+//! counts, nor the interval that spans it.
+//!
+//! The stacks are written by CPython's faulthandler, whose signal handler
+//! walks the interpreter's thread states without the GIL: the embedder
+//! registers it for one signal on a file descriptor (`set_stack_dumper`),
+//! and a dump points that descriptor at the dump file (`dup2`) and raises the
+//! signal on the watchdog's own thread, so the handler has run when `raise`
+//! returns. So a stack is taken even while a C call holds the GIL.
+//!
+//! Fork: a child has a copy of each `Watchdog` but not its thread; every
+//! watchdog carries the pid that started it, and in another process it
+//! neither reports nor joins (`close`) nor shows in the beat-age gauge.
+
+use std::fs::File;
+use std::io::Write;
+use std::os::fd::AsRawFd;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU32, AtomicU64, Ordering};
+use std::sync::{Arc, Weak};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use parking_lot::{Condvar, Mutex};
+
+use crate::clock;
+
+/// The beat intervals kept for the p99: the last this many.
+pub const KEPT_INTERVALS: usize = 1024;
+
+/// How often the watchdog's thread looks at the beats.
+pub const POLL_MS: u64 = 100;
+
+/// A watchdog's settings, in milliseconds of the monotonic clock (`clock`).
+#[derive(Clone, Debug, PartialEq)]
+pub struct Config {
+    pub min_timeout_ms: i64,
+    pub factor: f64,
+    pub max_timeout_ms: Option<i64>,
+    pub first_timeout_ms: i64,
+    pub warmup_beats: u64,
+    /// Exit the process with this code after a hang's dump: the report
+    /// exits itself once it delivered the hang; if it did not within
+    /// `EXIT_GRACE` (a C call holding the GIL keeps it out), the watchdog's
+    /// thread ends the process.
+    pub exit_code: Option<i32>,
+}
+
+/// How long a report may take to exit the process itself (`Config::exit_code`).
+pub const EXIT_GRACE: Duration = Duration::from_secs(10);
+
+/// Why a watchdog's settings were refused: the argument and what it must be.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct InvalidConfig {
+    pub argument: &'static str,
+    pub must: &'static str,
+}
+
+impl Config {
+    /// Checks the settings given in seconds (`None`: not given) and returns
+    /// them in milliseconds. `first_timeout` defaults to ten times
+    /// `min_timeout`, at least 5 minutes.
+    pub fn from_seconds(
+        min_timeout: f64,
+        factor: f64,
+        max_timeout: Option<f64>,
+        first_timeout: Option<f64>,
+        warmup_beats: u64,
+    ) -> Result<Config, InvalidConfig> {
+        let positive = |argument, value: f64| {
+            if value.is_finite() && value > 0.0 {
+                Ok(value)
+            } else {
+                Err(InvalidConfig {
+                    argument,
+                    must: "must be a positive finite number",
+                })
+            }
+        };
+        let ms = |seconds: f64| (seconds * 1000.0).clamp(1.0, i64::MAX as f64 / 4.0) as i64;
+        let min_timeout_ms = ms(positive("min_timeout", min_timeout)?);
+        let factor = positive("factor", factor)?;
+        let max_timeout_ms = match max_timeout {
+            Some(value) => Some(ms(positive("max_timeout", value)?)),
+            None => None,
+        };
+        if max_timeout_ms.is_some_and(|max| max < min_timeout_ms) {
+            return Err(InvalidConfig {
+                argument: "max_timeout",
+                must: "must be at least min_timeout",
+            });
+        }
+        let first_timeout_ms = match first_timeout {
+            Some(value) => ms(positive("first_timeout", value)?),
+            None => (min_timeout_ms.saturating_mul(10)).max(300_000),
+        };
+        Ok(Config {
+            min_timeout_ms,
+            factor,
+            max_timeout_ms,
+            first_timeout_ms,
+            warmup_beats,
+            exit_code: None,
+        })
+    }
+}
+
+/// What the watchdog tells the embedder, from its own thread.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Report {
+    /// The beats stopped for `stalled_ms` (more than `timeout_ms`); `section`
+    /// is the open section ("" if none); `dump` the stack file written, if
+    /// any.
+    Hang {
+        stalled_ms: i64,
+        timeout_ms: i64,
+        section: String,
+        dump: Option<PathBuf>,
+        beats: u64,
+    },
+    /// Beats came back after a `Hang`: `stalled_ms` from the beat before it
+    /// to the beat after it.
+    Resumed { stalled_ms: i64, beats: u64 },
+}
+
+/// Where the stacks of a hang go: the process's faulthandler registration.
+struct StackDumper {
+    signal: i32,
+    /// The descriptor faulthandler writes to; between dumps a copy of what
+    /// it was given (`/dev/null`).
+    target_fd: i32,
+    idle_fd: i32,
+}
+
+/// One per process: faulthandler holds one descriptor per signal. Its lock
+/// also keeps two watchdogs' dumps apart.
+static STACK_DUMPER: Mutex<Option<StackDumper>> = Mutex::new(None);
+
+/// Sets where stacks are dumped: faulthandler was registered for `signal` on
+/// `target_fd` (all threads). The descriptor is duplicated now, so that it
+/// can be pointed back at what it was after each dump.
+pub fn set_stack_dumper(signal: i32, target_fd: i32) -> std::io::Result<()> {
+    // SAFETY: `dup` only reads the descriptor table; an invalid descriptor
+    // gives -1, handled below.
+    let idle_fd = unsafe { libc::dup(target_fd) };
+    if idle_fd < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    let previous = STACK_DUMPER.lock().replace(StackDumper {
+        signal,
+        target_fd,
+        idle_fd,
+    });
+    if let Some(previous) = previous {
+        // SAFETY: `idle_fd` was made by `dup` above for this table entry
+        // and is used by nobody else once the entry is replaced.
+        unsafe { libc::close(previous.idle_fd) };
+    }
+    Ok(())
+}
+
+/// Whether a C handler other than the default is installed for `signal`
+/// (a handler faulthandler would silently replace).
+pub fn signal_is_taken(signal: i32) -> bool {
+    // SAFETY: an all-zero sigaction is a valid value to be overwritten, and
+    // with a null new action `sigaction` only reads the current one into it.
+    let mut current: libc::sigaction = unsafe { std::mem::zeroed() };
+    // SAFETY: as above: `current` is exclusively borrowed, `act` is null.
+    let status = unsafe { libc::sigaction(signal, std::ptr::null(), &mut current) };
+    status != 0 || current.sa_sigaction != libc::SIG_DFL
+}
+
+/// Writes every Python thread's stack into `file` through the registered
+/// faulthandler; false if there is none.
+fn dump_stacks(file: &File) -> bool {
+    let dumper = STACK_DUMPER.lock();
+    let Some(dumper) = dumper.as_ref() else {
+        return false;
+    };
+    // SAFETY: both descriptors are open (the file is borrowed for the call;
+    // `target_fd` is held open by the embedder's faulthandler registration,
+    // `idle_fd` by the table). `dup2` replaces `target_fd` atomically, and the
+    // only other user of `target_fd` is faulthandler's handler, which runs
+    // only for the signal raised here, on this thread, while the lock keeps
+    // other dumps out. `raise` delivers to the calling thread, whose mask
+    // `unblock` cleared when the thread started, so the handler has run
+    // when it returns.
+    unsafe {
+        if libc::dup2(file.as_raw_fd(), dumper.target_fd) < 0 {
+            return false;
+        }
+        libc::raise(dumper.signal);
+        libc::dup2(dumper.idle_fd, dumper.target_fd);
+    }
+    true
+}
+
+/// Unblocks `signal` for the calling thread (a thread inherits its
+/// creator's mask, which a program may have set).
+fn unblock(signal: i32) {
+    // SAFETY: the set is initialised by `sigemptyset` before use, and
+    // `pthread_sigmask` only changes the calling thread's mask.
+    unsafe {
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut set);
+        libc::sigaddset(&mut set, signal);
+        libc::pthread_sigmask(libc::SIG_UNBLOCK, &set, std::ptr::null_mut());
+    }
+}
+
+fn pid() -> u32 {
+    std::process::id()
+}
+
+/// The state shared by the beating threads, the watchdog's thread and the
+/// beat-age gauge.
+pub struct Shared {
+    config: Config,
+    pid: u32,
+    rank: i64,
+    dump_dir: Option<PathBuf>,
+    beats: AtomicU64,
+    /// When the clock last restarted: the last beat, the start or the end
+    /// of a pause.
+    last_beat_ms: AtomicI64,
+    /// Set by a resume: the next beat's interval spans a pause.
+    skip_interval: AtomicBool,
+    intervals: Box<[AtomicU32]>,
+    next_interval: AtomicU64,
+    paused: AtomicU32,
+    /// The open section: an index into `sections` plus one, 0 for none.
+    open_section: AtomicU32,
+    sections: Mutex<Vec<String>>,
+    stopped: Mutex<bool>,
+    wake: Condvar,
+    dumps: AtomicU64,
+}
+
+impl Shared {
+    /// One step done.
+    #[inline]
+    pub fn beat(&self) {
+        let now = clock::now_ms_for_window(clock::COARSE_CLOCK_MIN_WINDOW_MS);
+        let previous = self.last_beat_ms.swap(now, Ordering::Relaxed);
+        let beats = self.beats.fetch_add(1, Ordering::Relaxed) + 1;
+        if beats > self.config.warmup_beats && !self.skip_interval.swap(false, Ordering::Relaxed) {
+            let slot = self.next_interval.fetch_add(1, Ordering::Relaxed) as usize;
+            let interval = (now - previous).clamp(0, u32::MAX as i64) as u32;
+            self.intervals[slot % KEPT_INTERVALS].store(interval, Ordering::Relaxed);
+        }
+    }
+
+    pub fn beats(&self) -> u64 {
+        self.beats.load(Ordering::Relaxed)
+    }
+
+    /// Stops the clock until as many `resume`s.
+    pub fn pause(&self) {
+        self.paused.fetch_add(1, Ordering::AcqRel);
+    }
+
+    /// Restarts the clock from now; the interval spanning the pause is not
+    /// kept.
+    pub fn resume(&self) {
+        let now = clock::now_ms_for_window(clock::COARSE_CLOCK_MIN_WINDOW_MS);
+        self.last_beat_ms.store(now, Ordering::Relaxed);
+        self.skip_interval.store(true, Ordering::Relaxed);
+        let _ = (self.paused).fetch_update(Ordering::AcqRel, Ordering::Acquire, |depth| {
+            depth.checked_sub(1)
+        });
+    }
+
+    pub fn is_paused(&self) -> bool {
+        self.paused.load(Ordering::Acquire) > 0
+    }
+
+    /// The index of section `name`, made on first use.
+    pub fn section_index(&self, name: &str) -> u32 {
+        let mut sections = self.sections.lock();
+        let index = match sections.iter().position(|known| known == name) {
+            Some(index) => index,
+            None => {
+                sections.push(name.to_owned());
+                sections.len() - 1
+            }
+        };
+        index as u32
+    }
+
+    /// Marks section `index` open; returns the one it replaces (for `leave`).
+    #[inline]
+    pub fn enter(&self, index: u32) -> u32 {
+        self.open_section.swap(index + 1, Ordering::Relaxed)
+    }
+
+    /// Restores the section that was open before `enter`.
+    #[inline]
+    pub fn leave(&self, previous: u32) {
+        self.open_section.store(previous, Ordering::Relaxed);
+    }
+
+    pub fn open_section(&self) -> String {
+        match self.open_section.load(Ordering::Relaxed) {
+            0 => String::new(),
+            open => (self.sections.lock())
+                .get(open as usize - 1)
+                .cloned()
+                .unwrap_or_default(),
+        }
+    }
+
+    /// The p99 of the kept beat intervals, if any was kept.
+    pub fn p99_interval_ms(&self) -> Option<i64> {
+        let kept = (self.next_interval.load(Ordering::Relaxed) as usize).min(KEPT_INTERVALS);
+        if kept == 0 {
+            return None;
+        }
+        let mut intervals: Vec<u32> = self.intervals[..kept]
+            .iter()
+            .map(|interval| interval.load(Ordering::Relaxed))
+            .collect();
+        intervals.sort_unstable();
+        // The nearest rank: the smallest interval at or above 99 % of them.
+        let rank = (kept * 99).div_ceil(100).max(1);
+        Some(i64::from(intervals[rank - 1]))
+    }
+
+    /// The timeout now, in milliseconds.
+    pub fn timeout_ms(&self) -> i64 {
+        let config = &self.config;
+        if self.beats() <= config.warmup_beats {
+            return config.first_timeout_ms;
+        }
+        let scaled = match self.p99_interval_ms() {
+            Some(p99) => (p99 as f64 * config.factor).min(i64::MAX as f64 / 4.0) as i64,
+            None => 0,
+        };
+        let timeout = scaled.max(config.min_timeout_ms);
+        match config.max_timeout_ms {
+            Some(max) => timeout.min(max),
+            None => timeout,
+        }
+    }
+
+    /// Milliseconds since the clock last restarted (0 while paused).
+    pub fn stalled_ms(&self) -> i64 {
+        if self.is_paused() {
+            return 0;
+        }
+        let now = clock::now_ms_for_window(clock::COARSE_CLOCK_MIN_WINDOW_MS);
+        (now - self.last_beat_ms.load(Ordering::Relaxed)).max(0)
+    }
+
+    fn is_stopped(&self) -> bool {
+        *self.stopped.lock()
+    }
+
+    /// Writes the dump file: a header, then the stacks. `None` (and one line
+    /// on stderr) if the file cannot be written.
+    fn write_dump(&self, stalled_ms: i64, timeout_ms: i64, section: &str) -> Option<PathBuf> {
+        let dir = self.dump_dir.as_ref()?;
+        let sequence = self.dumps.fetch_add(1, Ordering::Relaxed) + 1;
+        let path = dir.join(format!(
+            "hang-rank{}-pid{}-{}.txt",
+            self.rank, self.pid, sequence
+        ));
+        let written = std::fs::create_dir_all(dir).and_then(|()| {
+            let mut file = File::create(&path)?;
+            writeln!(
+                file,
+                "torchmon watchdog: rank {} (pid {}) made no step for {:.1} s \
+                 (timeout {:.1} s), in section {:?}, after {} steps.\n\
+                 Stacks of every Python thread, most recent call first:\n",
+                self.rank,
+                self.pid,
+                stalled_ms as f64 / 1000.0,
+                timeout_ms as f64 / 1000.0,
+                section,
+                self.beats(),
+            )?;
+            file.flush()?;
+            if !dump_stacks(&file) {
+                writeln!(file, "(no stack dumper registered)")?;
+            }
+            Ok(())
+        });
+        match written {
+            Ok(()) => Some(path),
+            Err(err) => {
+                eprintln!(
+                    "torchmon: the watchdog could not write its dump to {}: {err}",
+                    path.display()
+                );
+                None
+            }
+        }
+    }
+}
+
+/// The time spent in one section (`torchmon.Watchdog.section`): its start,
+/// and the section open before it, for the section a hang names.
+pub struct SectionTimer {
+    index: u32,
+    started_ns: AtomicU64,
+    previous: AtomicU32,
+}
+
+impl SectionTimer {
+    pub fn new(shared: &Shared, name: &str) -> SectionTimer {
+        SectionTimer {
+            index: shared.section_index(name),
+            started_ns: AtomicU64::new(0),
+            previous: AtomicU32::new(0),
+        }
+    }
+
+    #[inline]
+    pub fn enter(&self, shared: &Shared) {
+        self.previous
+            .store(shared.enter(self.index), Ordering::Relaxed);
+        self.started_ns
+            .store(clock::monotonic_ns(), Ordering::Relaxed);
+    }
+
+    /// Closes the section; returns the seconds spent in it.
+    #[inline]
+    pub fn exit(&self, shared: &Shared) -> f64 {
+        let elapsed_ns =
+            clock::monotonic_ns().saturating_sub(self.started_ns.load(Ordering::Relaxed));
+        shared.leave(self.previous.load(Ordering::Relaxed));
+        elapsed_ns as f64 * 1e-9
+    }
+}
+
+/// The process's watchdogs, for the beat-age gauge.
+static WATCHDOGS: Mutex<Vec<Weak<Shared>>> = Mutex::new(Vec::new());
+
+/// The longest time in seconds since a beat over this process's running
+/// watchdogs, or `None` without one: the gauge a scrape renders without
+/// Python (`prometheus`).
+pub fn seconds_since_beat() -> Option<f64> {
+    let watchdogs = WATCHDOGS.try_lock()?;
+    let here = pid();
+    watchdogs
+        .iter()
+        .filter_map(Weak::upgrade)
+        .filter(|shared| shared.pid == here && !shared.is_stopped())
+        .map(|shared| shared.stalled_ms() as f64 / 1000.0)
+        .reduce(f64::max)
+}
+
+/// A running watchdog: its shared state and its thread.
+pub struct Watchdog {
+    shared: Arc<Shared>,
+    thread: Mutex<Option<JoinHandle<()>>>,
+}
+
+impl Watchdog {
+    /// Starts the watchdog: the clock runs from now. `report` is called on
+    /// the watchdog's thread for each hang and each resumption; `rank`
+    /// names the dump files written under `dump_dir`.
+    pub fn start(
+        config: Config,
+        rank: i64,
+        dump_dir: Option<PathBuf>,
+        report: impl Fn(Report) + Send + 'static,
+    ) -> std::io::Result<Watchdog> {
+        let now = clock::now_ms_for_window(clock::COARSE_CLOCK_MIN_WINDOW_MS);
+        let shared = Arc::new(Shared {
+            config,
+            pid: pid(),
+            rank,
+            dump_dir,
+            beats: AtomicU64::new(0),
+            last_beat_ms: AtomicI64::new(now),
+            skip_interval: AtomicBool::new(false),
+            intervals: (0..KEPT_INTERVALS).map(|_| AtomicU32::new(0)).collect(),
+            next_interval: AtomicU64::new(0),
+            paused: AtomicU32::new(0),
+            open_section: AtomicU32::new(0),
+            sections: Mutex::new(Vec::new()),
+            stopped: Mutex::new(false),
+            wake: Condvar::new(),
+            dumps: AtomicU64::new(0),
+        });
+        let watched = Arc::clone(&shared);
+        let thread = std::thread::Builder::new()
+            .name("torchmon-watchdog".into())
+            .spawn(move || watch(&watched, report))?;
+        let mut watchdogs = WATCHDOGS.lock();
+        watchdogs.retain(|weak| weak.strong_count() > 0);
+        watchdogs.push(Arc::downgrade(&shared));
+        Ok(Watchdog {
+            shared,
+            thread: Mutex::new(Some(thread)),
+        })
+    }
+
+    pub fn shared(&self) -> &Arc<Shared> {
+        &self.shared
+    }
+
+    /// Stops the thread and waits for it (not in a forked child, which does
+    /// not have it). Its report in progress, if any, completes first.
+    pub fn close(&self) {
+        *self.shared.stopped.lock() = true;
+        self.shared.wake.notify_all();
+        let thread = self.thread.lock().take();
+        if let Some(thread) = thread
+            && self.shared.pid == pid()
+        {
+            let _ = thread.join();
+        }
+    }
+
+    pub fn is_closed(&self) -> bool {
+        self.shared.is_stopped()
+    }
+}
+
+/// The watchdog's thread: every `POLL_MS`, a hang once the beats stopped for
+/// longer than the timeout, then a resumption once they come back.
+fn watch(shared: &Shared, report: impl Fn(Report)) {
+    let dumper_signal = STACK_DUMPER.lock().as_ref().map(|dumper| dumper.signal);
+    if let Some(signal) = dumper_signal {
+        unblock(signal);
+    }
+    // While a hang lasts: the beat count when it was reported, and when
+    // its clock started.
+    let mut hung_at: Option<(u64, i64)> = None;
+    loop {
+        {
+            let mut stopped = shared.stopped.lock();
+            if !*stopped {
+                shared
+                    .wake
+                    .wait_for(&mut stopped, Duration::from_millis(POLL_MS));
+            }
+            if *stopped {
+                return;
+            }
+        }
+        if shared.is_paused() {
+            continue;
+        }
+        let beats = shared.beats();
+        match hung_at {
+            Some((at, since_ms)) if beats != at => {
+                hung_at = None;
+                let resumed_ms = shared.last_beat_ms.load(Ordering::Relaxed);
+                report(Report::Resumed {
+                    stalled_ms: (resumed_ms - since_ms).max(0),
+                    beats,
+                });
+            }
+            Some(_) => {}
+            None => {
+                let stalled_ms = shared.stalled_ms();
+                let timeout_ms = shared.timeout_ms();
+                if stalled_ms > timeout_ms {
+                    let since_ms = shared.last_beat_ms.load(Ordering::Relaxed);
+                    hung_at = Some((beats, since_ms));
+                    let section = shared.open_section();
+                    let dump = shared.write_dump(stalled_ms, timeout_ms, &section);
+                    if let Some(code) = shared.config.exit_code {
+                        exit_after_grace(code);
+                    }
+                    report(Report::Hang {
+                        stalled_ms,
+                        timeout_ms,
+                        section,
+                        dump,
+                        beats,
+                    });
+                }
+            }
+        }
+    }
+}
+
+/// Ends the process with `code` after `EXIT_GRACE`, unless the report
+/// ended it first.
+fn exit_after_grace(code: i32) {
+    let _ = std::thread::Builder::new()
+        .name("torchmon-watchdog-exit".into())
+        .spawn(move || {
+            std::thread::sleep(EXIT_GRACE);
+            eprintln!(
+                "torchmon: the watchdog's hang report did not finish within {} s; \
+                 exiting with code {code}",
+                EXIT_GRACE.as_secs()
+            );
+            // SAFETY: `_exit` ends the process without running any handler
+            // of this process, which is the point: the process is wedged.
+            unsafe { libc::_exit(code) };
+        });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn config() -> Config {
+        Config::from_seconds(10.0, 5.0, None, None, 2).unwrap()
+    }
+
+    #[test]
+    fn settings_are_checked_by_argument() {
+        let refused = |min, factor, max, first| {
+            Config::from_seconds(min, factor, max, first, 0)
+                .unwrap_err()
+                .argument
+        };
+        assert_eq!(refused(0.0, 5.0, None, None), "min_timeout");
+        assert_eq!(refused(f64::NAN, 5.0, None, None), "min_timeout");
+        assert_eq!(refused(1.0, f64::INFINITY, None, None), "factor");
+        assert_eq!(refused(1.0, -1.0, None, None), "factor");
+        assert_eq!(refused(10.0, 5.0, Some(5.0), None), "max_timeout");
+        assert_eq!(refused(1.0, 5.0, None, Some(0.0)), "first_timeout");
+        let config = config();
+        assert_eq!(config.min_timeout_ms, 10_000);
+        assert_eq!(config.first_timeout_ms, 300_000);
+    }
+
+    fn shared(config: Config) -> Shared {
+        Shared {
+            config,
+            pid: pid(),
+            rank: 0,
+            dump_dir: None,
+            beats: AtomicU64::new(0),
+            last_beat_ms: AtomicI64::new(0),
+            skip_interval: AtomicBool::new(false),
+            intervals: (0..KEPT_INTERVALS).map(|_| AtomicU32::new(0)).collect(),
+            next_interval: AtomicU64::new(0),
+            paused: AtomicU32::new(0),
+            open_section: AtomicU32::new(0),
+            sections: Mutex::new(Vec::new()),
+            stopped: Mutex::new(false),
+            wake: Condvar::new(),
+            dumps: AtomicU64::new(0),
+        }
+    }
+
+    #[test]
+    fn the_timeout_is_the_first_one_until_the_warmup_beats_then_factor_times_p99() {
+        let shared = shared(config());
+        assert_eq!(shared.timeout_ms(), 300_000);
+        shared.beat();
+        shared.beat();
+        // Past the warmup, no interval kept yet: the minimum.
+        assert_eq!(shared.timeout_ms(), 300_000);
+        shared.beat();
+        assert_eq!(shared.p99_interval_ms().map(|p| p >= 0), Some(true));
+        assert_eq!(shared.timeout_ms(), 10_000);
+        for (slot, interval) in (0..100)
+            .map(|i| if i == 99 { 3_000 } else { 100 })
+            .enumerate()
+        {
+            shared.intervals[slot].store(interval, Ordering::Relaxed);
+        }
+        shared.next_interval.store(100, Ordering::Relaxed);
+        // 100 intervals: the 99th smallest is a 100 ms one.
+        assert_eq!(shared.p99_interval_ms(), Some(100));
+        shared.intervals[98].store(4_000, Ordering::Relaxed);
+        assert_eq!(shared.p99_interval_ms(), Some(3_000));
+        assert_eq!(shared.timeout_ms(), 15_000);
+    }
+
+    #[test]
+    fn max_timeout_caps_the_scaled_timeout() {
+        let shared = shared(Config::from_seconds(1.0, 5.0, Some(2.0), None, 0).unwrap());
+        shared.intervals[0].store(60_000, Ordering::Relaxed);
+        shared.next_interval.store(1, Ordering::Relaxed);
+        shared.beats.store(1, Ordering::Relaxed);
+        assert_eq!(shared.timeout_ms(), 2_000);
+    }
+
+    #[test]
+    fn a_pause_stops_the_clock_and_its_interval_is_not_kept() {
+        let shared = shared(Config::from_seconds(1.0, 5.0, None, None, 0).unwrap());
+        shared.pause();
+        assert!(shared.is_paused());
+        assert_eq!(shared.stalled_ms(), 0);
+        shared.resume();
+        assert!(!shared.is_paused());
+        shared.beat();
+        assert_eq!(shared.next_interval.load(Ordering::Relaxed), 0);
+        shared.beat();
+        assert_eq!(shared.next_interval.load(Ordering::Relaxed), 1);
+        // An unmatched resume leaves the depth at 0.
+        shared.resume();
+        assert!(!shared.is_paused());
+    }
+
+    #[test]
+    fn sections_nest_and_are_named_once() {
+        let shared = shared(config());
+        let data = shared.section_index("data");
+        let compute = shared.section_index("compute");
+        assert_eq!(shared.section_index("data"), data);
+        assert_eq!(shared.open_section(), "");
+        let outer = shared.enter(compute);
+        let inner = shared.enter(data);
+        assert_eq!(shared.open_section(), "data");
+        shared.leave(inner);
+        assert_eq!(shared.open_section(), "compute");
+        shared.leave(outer);
+        assert_eq!(shared.open_section(), "");
+    }
+
+    #[test]
+    fn a_stall_is_reported_once_then_its_end() {
+        let config = Config::from_seconds(0.2, 5.0, None, Some(0.2), 0).unwrap();
+        let dir = std::env::temp_dir().join(format!("torchmon-watchdog-test-{}", pid()));
+        let (sender, receiver) = std::sync::mpsc::channel();
+        let watchdog = Watchdog::start(config, 7, Some(dir.clone()), move |report| {
+            let _ = sender.send(report);
+        })
+        .unwrap();
+        let section = watchdog.shared().section_index("compute");
+        watchdog.shared().enter(section);
+        let hang = receiver.recv_timeout(Duration::from_secs(5)).unwrap();
+        let Report::Hang {
+            stalled_ms,
+            section,
+            dump,
+            ..
+        } = hang
+        else {
+            panic!("expected a hang, got {hang:?}");
+        };
+        assert!(stalled_ms > 200, "{stalled_ms}");
+        assert_eq!(section, "compute");
+        let dump = dump.expect("a dump file");
+        let text = std::fs::read_to_string(&dump).unwrap();
+        assert!(text.contains("rank 7"), "{text}");
+        assert!(text.contains("no stack dumper registered"), "{text}");
+        assert!(seconds_since_beat().unwrap() > 0.2);
+        // Still stalled: no second report.
+        assert!(receiver.recv_timeout(Duration::from_millis(400)).is_err());
+        watchdog.shared().beat();
+        let resumed = receiver.recv_timeout(Duration::from_secs(5)).unwrap();
+        assert!(
+            matches!(resumed, Report::Resumed { beats: 1, .. }),
+            "{resumed:?}"
+        );
+        watchdog.close();
+        assert!(watchdog.is_closed());
+        let _ = std::fs::remove_dir_all(dir);
+    }
+}

@@ -1,0 +1,448 @@
+"""``torchmon.Watchdog``: which rank hangs and where, and which rank is slow
+(docs/watchdog.md).
+
+The hang clock, the stack dump and the beat-age gauge are the core's
+(crates/torchmon-core/src/watchdog.rs), which needs no GIL; this module
+checks the arguments, registers faulthandler for the dump signal, turns the
+core's reports into Events (with torch's flight recorder and wait counters
+beside the dump), and runs the reporter thread: every ``report_interval``
+it cuts each section's window, publishes this rank's section p50s and beat
+state through the c10d store (never a collective: the job is what hangs),
+and records the straggler scores.
+"""
+
+from __future__ import annotations
+
+import faulthandler
+import json
+import math
+import os
+import signal
+import sys
+import threading
+import time
+import weakref
+from contextlib import contextmanager
+from datetime import datetime, timedelta
+
+from ._core import (
+    Aggregation,
+    Event,
+    Stat,
+    _set_stack_dumper,
+    _signal_is_taken,
+    _Watchdog,
+    log_event,
+)
+from ._errors import arg_type_error, arg_value_error, report_unraisable
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Iterator
+    from typing import Any, TextIO
+
+_CALL = "Watchdog"
+
+#: The signal whose faulthandler registration writes the stacks of a hang,
+#: unless ``dump_signal`` names another: a real-time signal, which schedulers
+#: and frameworks leave alone (SLURM and Lightning use SIGUSR1/SIGUSR2).
+DEFAULT_DUMP_SIGNAL = signal.SIGRTMAX - 2
+
+#: The aggregations of a section's Stat ``section.<name>`` (seconds).
+SECTION_AGGREGATIONS = (
+    Aggregation.COUNT,
+    Aggregation.MEAN,
+    Aggregation.P50,
+    Aggregation.P99,
+    Aggregation.MAX,
+)
+
+#: Long enough that only the reporter's cut (every ``report_interval``) ends
+#: a section's window.
+_SECTION_WINDOW = timedelta(days=1)
+
+_STORE_PREFIX = "torchmon/watchdog/"
+
+# The faulthandler registration: (signal, the file it writes to), once per
+# process; two watchdogs share it.
+_dumper: tuple[int, TextIO] | None = None
+_dumper_lock = threading.Lock()
+_live: weakref.WeakSet[Watchdog] = weakref.WeakSet()
+
+
+def _register_stack_dumper(signum: int) -> None:
+    global _dumper
+    with _dumper_lock:
+        if _dumper is not None and _dumper[0] == signum:
+            return
+        if signal.getsignal(signum) not in (signal.SIG_DFL, None) or _signal_is_taken(signum):
+            raise arg_value_error(
+                _CALL,
+                "dump_signal",
+                f"is signal {signum}, which already has a handler; the watchdog does not "
+                "take it over: pass another signal",
+            )
+        file = open(os.devnull, "w")
+        faulthandler.register(signum, file=file, all_threads=True, chain=False)
+        _set_stack_dumper(signum, file.fileno())
+        if _dumper is not None:
+            faulthandler.unregister(_dumper[0])
+            _dumper[1].close()
+        _dumper = (signum, file)
+
+
+def _seconds(name: str, value: object, optional: bool = False) -> float | None:
+    if value is None and optional:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        expected = "a number of seconds or None" if optional else "a number of seconds"
+        raise arg_type_error(_CALL, name, expected, value)
+    return float(value)
+
+
+def _distributed() -> Any:
+    """torch.distributed when it was imported and initialised (never imports it)."""
+    dist = sys.modules.get("torch.distributed")
+    if dist is None:
+        return None
+    try:
+        return dist if dist.is_available() and dist.is_initialized() else None
+    except Exception:
+        return None
+
+
+class Watchdog(_Watchdog):
+    """Reports a rank whose steps stopped, with every thread's stack, and
+    scores each section against the other ranks (docs/watchdog.md).
+
+    ``beat()`` marks a step done; ``with wd.section(name):`` times a part of
+    a step into the Stat ``section.<name>``; ``with wd.paused():`` stops the
+    clock (a checkpoint). The timeout is ``max(min_timeout, factor * p99 of
+    the recent beat intervals)``, at most ``max_timeout``; before
+    ``warmup_beats`` beats (the first steps compile) it is ``first_timeout``
+    (default: 10 x ``min_timeout``, at least 300 s).
+    """
+
+    def __init__(
+        self,
+        min_timeout: float = 10.0,
+        factor: float = 5.0,
+        *,
+        max_timeout: float | None = None,
+        first_timeout: float | None = None,
+        warmup_beats: int = 2,
+        dump_dir: str | os.PathLike[str] | None = "torchmon-hangs",
+        exit_code: int | None = None,
+        report_interval: float = 10.0,
+        dump_signal: int | None = None,
+        store: Any = None,
+    ) -> None:
+        min_timeout_s = _seconds("min_timeout", min_timeout)
+        if isinstance(factor, bool) or not isinstance(factor, (int, float)):
+            raise arg_type_error(_CALL, "factor", "a number", factor)
+        max_timeout_s = _seconds("max_timeout", max_timeout, optional=True)
+        first_timeout_s = _seconds("first_timeout", first_timeout, optional=True)
+        if isinstance(warmup_beats, bool) or not isinstance(warmup_beats, int):
+            raise arg_type_error(_CALL, "warmup_beats", "an int", warmup_beats)
+        if warmup_beats < 0:
+            raise arg_value_error(_CALL, "warmup_beats", f"must be at least 0, not {warmup_beats}")
+        if dump_dir is not None and not isinstance(dump_dir, (str, os.PathLike)):
+            raise arg_type_error(_CALL, "dump_dir", "a path or None", dump_dir)
+        if exit_code is not None and (
+            isinstance(exit_code, bool) or not isinstance(exit_code, int)
+        ):
+            raise arg_type_error(_CALL, "exit_code", "an int or None", exit_code)
+        if exit_code is not None and not 0 <= exit_code <= 255:
+            raise arg_value_error(_CALL, "exit_code", f"must be in 0..255, not {exit_code}")
+        interval = _seconds("report_interval", report_interval)
+        assert interval is not None and min_timeout_s is not None
+        if not (math.isfinite(interval) and interval > 0):
+            raise arg_value_error(
+                _CALL, "report_interval", f"must be a positive finite number, not {interval!r}"
+            )
+        if dump_signal is not None and (
+            isinstance(dump_signal, bool) or not isinstance(dump_signal, int)
+        ):
+            raise arg_type_error(_CALL, "dump_signal", "a signal number or None", dump_signal)
+        from ._rank import rank_info
+
+        info = rank_info()
+        self._rank = info.rank
+        self._world_size = info.world_size
+        self._exit_code = exit_code
+        self._report_interval = interval
+        self._store = store
+        self._best_p50: dict[str, float] = {}
+        self._straggler_stats: dict[str, Stat] = {}
+        self._stopped_ranks: tuple[int, ...] = ()
+        self._pid = os.getpid()
+        self._stop_reporter = threading.Event()
+        if dump_dir is not None:
+            _register_stack_dumper(DEFAULT_DUMP_SIGNAL if dump_signal is None else int(dump_signal))
+        ref = weakref.ref(self)
+
+        def callback(
+            kind: str, stalled_s: float, timeout_s: float, section: str, dump: str, beats: int
+        ) -> None:
+            watchdog = ref()
+            if watchdog is not None:
+                watchdog._report(kind, stalled_s, timeout_s, section, dump, beats)
+
+        self._start(
+            min_timeout_s,
+            float(factor),
+            max_timeout_s,
+            first_timeout_s,
+            warmup_beats,
+            exit_code,
+            self._rank,
+            None if dump_dir is None else os.fspath(dump_dir),
+            callback,
+        )
+        _live.add(self)
+        self._reporter = threading.Thread(
+            target=_report_loop, args=(ref, interval), name="torchmon-watchdog-report", daemon=True
+        )
+        self._reporter.start()
+
+    # -- what the user calls besides beat() and section() (native) ----------
+
+    @contextmanager
+    def paused(self) -> Iterator[None]:
+        """No hang is reported inside: the clock stops, and restarts at the end."""
+        self._pause()
+        try:
+            yield
+        finally:
+            self._resume()
+
+    def close(self) -> None:
+        """Stops the watchdog's threads (a report in progress finishes first)
+        and emits the sections' open windows; idempotent."""
+        self._stop_reporter.set()
+        self._stop()
+        reporter = self._reporter
+        if os.getpid() == self._pid and reporter is not threading.current_thread():
+            reporter.join(timeout=5.0)
+
+    def __enter__(self) -> Watchdog:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        state = "closed" if self.closed else f"timeout={self.timeout:.1f}s"
+        return f"torchmon.Watchdog(rank={self._rank}, beats={self.beats}, {state})"
+
+    # -- called by the native base ------------------------------------------
+
+    def _section_stat(self, name: str) -> Stat:
+        return Stat(f"section.{name}", list(SECTION_AGGREGATIONS), _SECTION_WINDOW)
+
+    def _report(
+        self, kind: str, stalled_s: float, timeout_s: float, section: str, dump: str, beats: int
+    ) -> None:
+        """On the watchdog's thread: a hang (after its stack dump) or a resumption."""
+        if os.getpid() != self._pid:
+            return
+        data: dict[str, Any] = {"rank": self._rank, "stalled_s": stalled_s, "beats": beats}
+        if kind == "hang":
+            if dump:
+                self._dump_torch_state(dump)
+            data.update(section=section, dump=dump, timeout_s=timeout_s)
+            if self._stopped_ranks:
+                data["stopped_ranks"] = ",".join(map(str, self._stopped_ranks))
+        name = "torchmon.hang" if kind == "hang" else "torchmon.resumed"
+        try:
+            log_event(Event(name, datetime.now(), data))
+        except BaseException as exc:
+            report_unraisable(exc, self, f"torchmon.Watchdog: a handler of {name} raised")
+        if kind == "hang" and self._exit_code is not None:
+            from ._flush import flush
+
+            flush(timeout=5.0)
+            print(
+                f"torchmon: rank {self._rank} made no step for {stalled_s:.1f} s; exiting with "
+                f"code {self._exit_code} (dump: {dump or 'none'})",
+                file=sys.stderr,
+                flush=True,
+            )
+            os._exit(self._exit_code)
+
+    def _dump_torch_state(self, dump: str) -> None:
+        """Beside the stacks: torch's flight recorder and wait counters, when
+        torch.distributed is initialised."""
+        if _distributed() is None:
+            return
+        base = dump[: -len(".txt")] if dump.endswith(".txt") else dump
+        for suffix, handler in (
+            (".flight-recorder.json", "fr_trace_json"),
+            (".wait-counters.json", "wait_counter_values"),
+        ):
+            try:
+                text = _control_plane(handler)
+                if text is not None:
+                    with open(base + suffix, "w") as file:
+                        file.write(text)
+            except Exception as exc:
+                print(
+                    f"torchmon: the watchdog could not write {base + suffix}: {exc}",
+                    file=sys.stderr,
+                )
+
+    # -- the reporter thread's steps ----------------------------------------
+
+    def _report_tick(self, tick: int) -> None:
+        p50s: dict[str, float] = {}
+        for section in self._sections().values():
+            window = section.stat._flush_window()
+            if window is not None:
+                p50s[section.stat.name[len("section.") :]] = window[f"{section.stat.name}.p50"]
+        entry = {
+            "rank": self._rank,
+            "tick": tick,
+            "time": time.time(),
+            "beats": self.beats,
+            "since_beat": self.seconds_since_beat,
+            "timeout": self.timeout,
+            "section": self._open_section,
+            "p50": p50s,
+        }
+        entries = self._exchange(entry)
+        for name, p50 in p50s.items():
+            if not p50 > 0:
+                continue
+            best = self._best_p50[name] = min(self._best_p50.get(name, p50), p50)
+            fastest = min(
+                (
+                    e["p50"][name]
+                    for e in entries
+                    if e.get("tick") == tick and e["p50"].get(name, 0) > 0
+                ),
+                default=p50,
+            )
+            self._record_score(f"straggler.{name}.relative", min(1.0, fastest / p50))
+            self._record_score(f"straggler.{name}.individual", min(1.0, best / p50))
+        if self._rank == 0 and len(entries) > 1:
+            self._check_stopped_ranks(entries)
+
+    def _record_score(self, name: str, score: float) -> None:
+        stat = self._straggler_stats.get(name)
+        if stat is None:
+            window = timedelta(seconds=max(self._report_interval, 0.001))
+            stat = self._straggler_stats[name] = Stat(name, [Aggregation.VALUE], window)
+        stat.add(score)
+        stat._flush_window()
+
+    def _exchange(self, entry: dict[str, Any]) -> list[dict[str, Any]]:
+        """Publishes this rank's entry and reads every rank's, through the
+        c10d store (never a collective); only this rank's without one."""
+        store = self._store
+        world_size = self._world_size
+        if store is None:
+            dist = _distributed()
+            if dist is None:
+                return [entry]
+            from torch.distributed.distributed_c10d import _get_default_store
+
+            store = _get_default_store()
+            world_size = dist.get_world_size()
+        store.set(f"{_STORE_PREFIX}{self._rank}", json.dumps(entry))
+        # Every rank publishes at the same wall-clock tick; read a moment later.
+        if self._stop_reporter.wait(min(1.0, self._report_interval / 5)):
+            return [entry]
+        keys = [f"{_STORE_PREFIX}{rank}" for rank in range(world_size)]
+        entries = []
+        for key in keys:
+            if store.check([key]):
+                entries.append(json.loads(store.get(key)))
+        return entries
+
+    def _check_stopped_ranks(self, entries: list[dict[str, Any]]) -> None:
+        now = time.time()
+        stale = 3 * self._report_interval
+        stopped = tuple(
+            sorted(
+                e["rank"]
+                for e in entries
+                if e["since_beat"] + (now - e["time"]) > e["timeout"]
+                or now - e["time"] > stale + e["timeout"]
+            )
+        )
+        if stopped != self._stopped_ranks:
+            self._stopped_ranks = stopped
+            if stopped:
+                sections = ",".join(
+                    f"{e['rank']}:{e['section']}" for e in entries if e["rank"] in stopped
+                )
+                data: dict[str, str | int] = {
+                    "ranks": ",".join(map(str, stopped)),
+                    "count": len(stopped),
+                    "sections": sections,
+                }
+                log_event(Event("torchmon.stopped_ranks", datetime.now(), data))
+
+
+def _report_loop(ref: weakref.ref[Watchdog], interval: float) -> None:
+    """Every ``interval`` seconds of the wall clock (the same instants on
+    every rank), one report; ends with the watchdog."""
+    while True:
+        watchdog = ref()
+        if watchdog is None:
+            return
+        stop = watchdog._stop_reporter
+        tick = math.floor(time.time() / interval) + 1
+        del watchdog
+        if stop.wait(max(0.0, tick * interval - time.time())):
+            return
+        watchdog = ref()
+        if watchdog is None or watchdog.closed:
+            return
+        try:
+            watchdog._report_tick(tick)
+        except Exception as exc:
+            report_unraisable(exc, watchdog, "torchmon.Watchdog: a report failed")
+        del watchdog
+
+
+def _control_plane(handler: str) -> str | None:
+    """What torch's control-plane handler ``handler`` answers (the handlers
+    its debug server serves: ``fr_trace_json``, ``wait_counter_values``),
+    called in process; None where this torch has no such handler."""
+    import torch  # only once torch.distributed is initialised
+
+    c10d: Any = torch._C._distributed_c10d
+    if handler not in getattr(c10d, "_get_handler_names", list)():
+        return None
+
+    class Request(c10d._Request):  # type: ignore[misc]
+        def body(self) -> bytes:
+            return b""
+
+        def get_param(self, name: str) -> str:
+            return ""
+
+    class Response(c10d._Response):  # type: ignore[misc]
+        content: str | bytes | None = None
+
+        def set_content(self, content: str | bytes, content_type: str) -> None:
+            self.content = content
+
+        def set_status(self, status: int) -> None:
+            pass
+
+    response = Response()
+    c10d._get_handler(handler)(Request(), response)
+    content = response.content
+    return content.decode("utf-8", "replace") if isinstance(content, bytes) else content
+
+
+def _close_all() -> None:
+    """At exit (python/torchmon/_lifecycle.py): every watchdog of this
+    process stops, so that no report starts while the interpreter ends."""
+    for watchdog in list(_live):
+        try:
+            watchdog.close()
+        except Exception as exc:
+            report_unraisable(exc, watchdog, "torchmon.Watchdog: closing at exit")
