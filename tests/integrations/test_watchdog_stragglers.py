@@ -122,3 +122,19 @@ def test_the_section_score_finds_the_slow_rank_the_step_time_does_not(tmp_path: 
     fastest = min(p50.values())
     step_scores = {rank: fastest / value for rank, value in p50.items()}
     assert min(step_scores.values()) >= 0.9, step_scores
+
+    # torchmon summarize over the four files: the same, per section.
+    summary = subprocess.run(
+        [sys.executable, "-m", "torchmon", "summarize",
+         *(str(log_dir / f"events-rank{r}.jsonl") for r in range(RANKS))],
+        capture_output=True, text=True, timeout=120, env=CHILD_ENV,
+    )  # fmt: skip
+    assert summary.returncode == 0, summary.stderr
+    rows = [line.split() for line in summary.stdout.splitlines()]
+    start = rows.index(["section", "rank", "p50", "score"])
+    compute = {int(r[1]): float(r[3]) for r in rows[start + 1 :] if r[:1] == ["compute"]}
+    assert compute[SLOW_RANK] < 0.3, summary.stdout
+    assert min(s for r, s in compute.items() if r != SLOW_RANK) >= 0.9, summary.stdout
+    steps_rows = [r for r in rows if r[:1] == ["train.step_time"] and len(r) == 4]
+    assert min(float(r[3]) for r in steps_rows) >= 0.9, summary.stdout
+    assert "whole-step score cannot see a straggler" in summary.stdout
