@@ -66,6 +66,11 @@ def main() -> None:
     )
     parser.add_argument("--steps", type=int, default=40)
     parser.add_argument("--window", type=float, default=60.0, help="Stat window, seconds")
+    parser.add_argument(
+        "--watchdog",
+        action="store_true",
+        help="time the step's sections with a torchmon.Watchdog (docs/stragglers.md)",
+    )
     args = parser.parse_args()
     try:
         # First: its ImportError names the extra that installs the framework.
@@ -75,7 +80,9 @@ def main() -> None:
     log_dir = args.log_dir or Path(tempfile.mkdtemp(prefix="torchmon-hf-"))
 
     trainer = build_trainer(
-        log_dir, args.steps, callbacks=[TorchmonCallback(log_dir, window=args.window)]
+        log_dir,
+        args.steps,
+        callbacks=[TorchmonCallback(log_dir, window=args.window, watchdog=args.watchdog or None)],
     )
     trainer.train()
     trainer.save_state()  # the Trainer's own log, DIR/trainer_state.json

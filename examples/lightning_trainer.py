@@ -78,6 +78,11 @@ def main() -> None:
     )
     parser.add_argument("--steps", type=int, default=40)
     parser.add_argument("--window", type=float, default=60.0, help="Stat window, seconds")
+    parser.add_argument(
+        "--watchdog",
+        action="store_true",
+        help="time the step's sections with a torchmon.Watchdog (docs/stragglers.md)",
+    )
     args = parser.parse_args()
     try:
         # First: its ImportError names the extra that installs the framework.
@@ -93,7 +98,10 @@ def main() -> None:
         CSVLogger(log_dir, name="csv", version=0),
     ]
     trainer, module, data = build_trainer(
-        log_dir, args.steps, loggers, [TorchmonCallback(window=args.window)]
+        log_dir,
+        args.steps,
+        loggers,
+        [TorchmonCallback(window=args.window, watchdog=args.watchdog or None)],
     )
     trainer.fit(module, data)
 

@@ -349,15 +349,32 @@ class Watchdog(_Watchdog):
             store = _get_default_store()
             world_size = dist.get_world_size()
         store.set(f"{_STORE_PREFIX}{self._rank}", json.dumps(entry))
-        # Every rank publishes at the same wall-clock tick; read a moment later.
-        if self._stop_reporter.wait(min(1.0, self._report_interval / 5)):
-            return [entry]
-        keys = [f"{_STORE_PREFIX}{rank}" for rank in range(world_size)]
-        entries = []
-        for key in keys:
-            if store.check([key]):
-                entries.append(json.loads(store.get(key)))
-        return entries
+        # Every rank publishes at the same wall-clock tick, give or take its
+        # cut: the entries of this tick are read until all are there or for
+        # min(1 s, interval / 5); a rank whose entry is missing (not started
+        # yet) or of an older tick (its reporter is late) is left out of this
+        # tick rather than compared across two windows.
+        wait = min(1.0, self._report_interval / 5)
+        deadline = time.monotonic() + wait
+        found: dict[int, dict[str, Any]] = {self._rank: entry}
+        stale: dict[int, dict[str, Any]] = {}
+        while True:
+            if self._stop_reporter.wait(min(max(0.05, wait / 4), wait)):
+                return [entry]
+            for rank in range(world_size):
+                if rank in found:
+                    continue
+                key = f"{_STORE_PREFIX}{rank}"
+                if store.check([key]):
+                    other = json.loads(store.get(key))
+                    if other.get("tick") == entry["tick"]:
+                        found[rank] = other
+                    else:
+                        stale[rank] = other
+            if len(found) == world_size or time.monotonic() >= deadline:
+                break
+        # The stale entries still tell rank 0 which ranks stopped beating.
+        return [found.get(rank) or stale[rank] for rank in sorted({*found, *stale})]
 
     def _check_stopped_ranks(self, entries: list[dict[str, Any]]) -> None:
         now = time.time()
@@ -387,15 +404,22 @@ class Watchdog(_Watchdog):
 def _report_loop(ref: weakref.ref[Watchdog], interval: float) -> None:
     """Every ``interval`` seconds of the wall clock (the same instants on
     every rank), one report; ends with the watchdog."""
+    last = -1
     while True:
         watchdog = ref()
         if watchdog is None:
             return
         stop = watchdog._stop_reporter
-        tick = math.floor(time.time() / interval) + 1
+        # Never the same tick twice: a wait that ends a little before the
+        # instant (the monotonic clock the wait counts and the wall clock
+        # drift apart) would otherwise cut a second, nearly empty window and
+        # publish it over the first under the same tick.
+        tick = max(last + 1, math.floor(time.time() / interval) + 1)
         del watchdog
-        if stop.wait(max(0.0, tick * interval - time.time())):
-            return
+        while (delay := tick * interval - time.time()) > 0:
+            if stop.wait(delay):
+                return
+        last = tick
         watchdog = ref()
         if watchdog is None or watchdog.closed:
             return

@@ -61,11 +61,42 @@ def write_summary(summary: _Summary, out: TextIO, *, quantiles: bool = True) -> 
                          _number(low), low_at, _number(high), high_at])  # fmt: skip
         _write_table(rows, out, numeric_from=2)
     if stragglers := summary.rows("stragglers", ""):
+        sections = [row for row in stragglers if row[0].startswith(_SECTION)]
+        others = [row for row in stragglers if not row[0].startswith(_SECTION)]
+        if others:
+            print(file=out)
+            _write_scores(["stat", "rank", "p50", "score"], others, out)
+        if sections:
+            # The Watchdog's sections (docs/stragglers.md): section.compute
+            # is shown as compute.
+            print(file=out)
+            rows = [[stat[len(_SECTION) :], *rest] for stat, *rest in sections]
+            _write_scores(["section", "rank", "p50", "score"], rows, out)
         print(file=out)
-        rows = [["stat", "rank", "p50", "score"]]
-        for stat, rank, p50, score in stragglers:
-            rows.append([stat, rank, _number(p50), "-" if score is None else f"{score:.3f}"])
-        _write_table(rows, out, numeric_from=1)
+        print(_SECTION_NOTE if sections else _STEP_NOTE, file=out)
+
+
+#: The prefix of the Watchdog's section Stats (``section.<name>``).
+_SECTION = "section."
+_STEP_NOTE = (
+    "note: in synchronous training a whole-step score cannot see a straggler: the fast\n"
+    "ranks wait for the slow one inside the step (its collectives), so every rank's step\n"
+    "takes as long; time the parts of the step with torchmon.Watchdog's sections to\n"
+    "score them (docs/stragglers.md)."
+)
+_SECTION_NOTE = (
+    "note: in synchronous training a whole-step score cannot see a straggler: the fast\n"
+    "ranks wait for the slow one inside the step (its collectives); the section scores\n"
+    "can. A low score in a communication section is a rank that waited for the others\n"
+    "(docs/stragglers.md)."
+)
+
+
+def _write_scores(header: list[str], found: list[Any], out: TextIO) -> None:
+    rows = [header]
+    for stat, rank, p50, score in found:
+        rows.append([stat, rank, _number(p50), "-" if score is None else f"{score:.3f}"])
+    _write_table(rows, out, numeric_from=1)
 
 
 def _bars_for(out: TextIO) -> str:
@@ -188,7 +219,8 @@ def add_parser(commands: Any) -> None:
             "then a count of the other events; with many files (events-rank*.jsonl), "
             "the totals of count and sum across them and the min and max of every "
             "aggregation with the rank (or file) that held it, and each rank's "
-            "straggler score: the fastest rank's p50 over its own. The files are read "
+            "straggler score: the fastest rank's p50 over its own (per section for the "
+            "Watchdog's section.<name> Stats). The files are read "
             "line by line, in memory that does not grow with their length."
         ),
     )

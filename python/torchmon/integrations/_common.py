@@ -237,3 +237,92 @@ class RankSinks:
         if self._jsonl is not None:
             self._jsonl.close()
             self._jsonl = None
+
+
+def check_watchdog(value: object, where: str) -> Any:
+    """``watchdog``: None or False (none), True (the callback makes a
+    ``torchmon.Watchdog()`` at the start of training and closes it at the
+    end) or a ``torchmon.Watchdog`` (used, left open)."""
+    from .._watchdog import Watchdog
+
+    if value is None or isinstance(value, (bool, Watchdog)):
+        return None if value is False else value
+    raise arg_type_error(where, "watchdog", "None, a bool or a torchmon.Watchdog", value)
+
+
+#: DDP's own timings (``DistributedDataParallel._get_ddp_logging_data()``,
+#: nanoseconds, averaged by DDP over its sampled iterations) and the Stats
+#: they become, in seconds.
+DDP_TIMINGS = (
+    ("avg_forward_compute_time", "ddp.forward_compute"),
+    ("avg_backward_compute_time", "ddp.backward_compute"),
+    ("avg_backward_comm_time", "ddp.backward_comm"),
+    ("avg_backward_compute_comm_overlap_time", "ddp.backward_compute_comm_overlap"),
+)
+
+
+class TrainSections:
+    """The framework hooks' sections of a ``torchmon.Watchdog``
+    (docs/stragglers.md): ``enter(name)`` leaves the open section and enters
+    ``name``; ``beat()`` marks a step done. Sections are entered and left
+    through the section object's ``__enter__`` and ``__exit__``. Every
+    ``report_interval``, at a beat, DDP's compute/communication split is
+    recorded when a DistributedDataParallel model was given."""
+
+    __slots__ = ("_ddp", "_ddp_next", "_ddp_stats", "_open", "_owned", "watchdog")
+
+    def __init__(self, watchdog: Any) -> None:
+        from .._watchdog import Watchdog
+
+        self._owned = watchdog is True
+        self.watchdog: Any = Watchdog() if watchdog is True else watchdog
+        self._open: Any = None
+        self._ddp: Any = None
+        self._ddp_next = 0.0
+        self._ddp_stats: dict[str, Stat] = {}
+
+    def enter(self, name: str) -> None:
+        self.leave()
+        section = self.watchdog.section(name)
+        section.__enter__()
+        self._open = section
+
+    def leave(self) -> None:
+        section, self._open = self._open, None
+        if section is not None:
+            section.__exit__(None, None, None)
+
+    def beat(self) -> None:
+        self.watchdog.beat()
+        if self._ddp is not None and (now := _clock()) >= self._ddp_next:
+            self._ddp_next = now + self.watchdog._report_interval
+            self.record_ddp()
+
+    def watch_ddp(self, model: Any) -> None:
+        """Records DDP's timings from ``model`` if it is a
+        DistributedDataParallel (whose logging data has them); else nothing."""
+        if self._ddp is None and callable(getattr(model, "_get_ddp_logging_data", None)):
+            self._ddp = model
+            self._ddp_next = _clock() + self.watchdog._report_interval
+
+    def record_ddp(self) -> None:
+        try:
+            data = self._ddp._get_ddp_logging_data()
+        except Exception:  # a torch without it, or a model not set up yet
+            return
+        for key, name in DDP_TIMINGS:
+            value = data.get(key)
+            if not is_number(value) or value <= 0:
+                continue  # DDP has not sampled an iteration yet
+            stat = self._ddp_stats.get(name)
+            if stat is None:
+                window = timedelta(seconds=max(self.watchdog._report_interval, 0.001))
+                stat = self._ddp_stats[name] = Stat(name, [Aggregation.VALUE], window)
+            stat.add(value / 1e9)
+            stat._flush_window()
+
+    def close(self) -> None:
+        self.leave()
+        self._ddp = None
+        if self._owned:
+            self.watchdog.close()

@@ -22,9 +22,11 @@ from ._common import (
     LoggedStats,
     RankSinks,
     StepTimer,
+    TrainSections,
     check_bool,
     check_log_dir,
     check_name,
+    check_watchdog,
     check_window,
     import_framework,
     is_number,
@@ -163,13 +165,32 @@ class TorchmonCallback(_Callback):  # type: ignore[misc]
     ``<prefix>.peak_memory_bytes`` when torch's CUDA allocator reports it; in
     windows of ``window`` (default 60 s), all emitted at ``on_train_end``. Its
     events go to the registered handlers, a ``TorchmonLogger(log_dir)``'s
-    among them."""
+    among them.
+
+    ``watchdog`` (True, or a ``torchmon.Watchdog`` to use): the watchdog's
+    sections timed by the hooks, with no code of yours (docs/stragglers.md):
+    ``forward`` from ``on_train_batch_start`` to ``on_before_backward``,
+    ``backward`` from there to ``on_after_backward``, ``optimizer`` from
+    ``on_before_optimizer_step`` to ``on_train_batch_end``, ``data`` from a
+    batch's end to the next batch's start; a beat at each batch's end. With
+    True the watchdog is made at the start of training and closed at its
+    end. Under DDP (``trainer.strategy.model`` a DistributedDataParallel),
+    DDP's own compute/communication split is recorded every report interval
+    as ``ddp.forward_compute``, ``ddp.backward_compute``,
+    ``ddp.backward_comm`` and ``ddp.backward_compute_comm_overlap`` (seconds,
+    VALUE)."""
 
     def __init__(
-        self, *, window: timedelta | float = DEFAULT_WINDOW, prefix: str = "train"
+        self,
+        *,
+        window: timedelta | float = DEFAULT_WINDOW,
+        prefix: str = "train",
+        watchdog: Any = None,
     ) -> None:
         super().__init__()
         where = "TorchmonCallback"
+        self._watchdog = check_watchdog(watchdog, where)
+        self._sections: TrainSections | None = None
         self._window = check_window(window, where)
         self._prefix = check_name(prefix, "prefix", where)
         self._timer: StepTimer | None = None
@@ -186,6 +207,9 @@ class TorchmonCallback(_Callback):  # type: ignore[misc]
         self._timer = StepTimer(self._prefix, self._window)
         self._peak = LoggedStats(self._window, PEAK_MEMORY_AGGREGATIONS)
         self._peak_every = max(1, int(getattr(trainer, "log_every_n_steps", 50) or 1))
+        if self._watchdog is not None:
+            self._sections = TrainSections(self._watchdog)
+            self._sections.watch_ddp(getattr(getattr(trainer, "strategy", None), "model", None))
 
     def on_train_batch_start(
         self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int
@@ -193,10 +217,29 @@ class TorchmonCallback(_Callback):  # type: ignore[misc]
         timer = self._timer
         if timer is not None:
             timer.begin()
+        if self._sections is not None:
+            self._sections.enter("forward")
+
+    def on_before_backward(self, trainer: Any, pl_module: Any, loss: Any) -> None:
+        if self._sections is not None:
+            self._sections.enter("backward")
+
+    def on_after_backward(self, trainer: Any, pl_module: Any) -> None:
+        if self._sections is not None:
+            self._sections.leave()
+
+    def on_before_optimizer_step(self, trainer: Any, pl_module: Any, optimizer: Any) -> None:
+        if self._sections is not None:
+            self._sections.enter("optimizer")
 
     def on_train_batch_end(
         self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
+        sections = self._sections
+        if sections is not None:
+            sections.leave()
+            sections.beat()
+            sections.enter("data")
         timer = self._timer
         if timer is None:
             return
@@ -207,6 +250,9 @@ class TorchmonCallback(_Callback):  # type: ignore[misc]
                 self._peak.add(f"{self._prefix}.peak_memory_bytes", peak)
 
     def on_train_end(self, trainer: Any, pl_module: Any) -> None:
+        if self._sections is not None:
+            self._sections.close()  # ends the data section open since the last batch
+            self._sections = None
         self._timer = None
         if self._peak is not None:
             self._peak.flush()
@@ -216,4 +262,7 @@ class TorchmonCallback(_Callback):  # type: ignore[misc]
         state = self.__dict__.copy()
         state["_timer"] = None
         state["_peak"] = None
+        state["_sections"] = None
+        if state["_watchdog"] is not None:
+            state["_watchdog"] = True  # a copy makes its own watchdog
         return state

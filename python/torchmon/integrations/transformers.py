@@ -20,9 +20,11 @@ from ._common import (
     LoggedStats,
     RankSinks,
     StepTimer,
+    TrainSections,
     check_bool,
     check_log_dir,
     check_name,
+    check_watchdog,
     check_window,
     import_framework,
     is_number,
@@ -61,6 +63,17 @@ class TorchmonCallback(_TrainerCallback):  # type: ignore[misc]
     - ``<prefix>.peak_memory_bytes`` at each logging step when torch's CUDA
       allocator reports it.
 
+    ``watchdog`` (True, or a ``torchmon.Watchdog`` to use): the watchdog's
+    sections timed by the hooks, with no code of yours (docs/stragglers.md):
+    ``compute`` from ``on_step_begin`` to ``on_pre_optimizer_step`` (forward
+    and backward), ``optimizer`` from there to ``on_optimizer_step``,
+    ``data`` from ``on_step_end`` to the next ``on_step_begin`` (the batch
+    fetch, logging, evaluation, checkpoints); a beat at each ``on_step_end``.
+    With True the watchdog is made at the start of training and closed at
+    its end; DDP's compute/communication split is recorded when the model
+    the Trainer passes to callbacks is a DistributedDataParallel (the Trainer
+    passes the unwrapped model: usually not).
+
     A ``torchmon.run`` event at the start names the rank
     (``torchmon.rank_info()``). ``on_train_end`` emits every open window.
     ``log_dir``: also register, for the run, ``<log_dir>/events-rank{N}.jsonl``
@@ -76,8 +89,11 @@ class TorchmonCallback(_TrainerCallback):  # type: ignore[misc]
         window: timedelta | float = DEFAULT_WINDOW,
         prefix: str = "train",
         tensorboard: bool = True,
+        watchdog: Any = None,
     ) -> None:
         where = "TorchmonCallback"
+        self._watchdog = check_watchdog(watchdog, where)
+        self._sections: TrainSections | None = None
         self._window = check_window(window, where)
         self._prefix = check_name(prefix, "prefix", where)
         log_dir = check_log_dir(log_dir, where)
@@ -109,13 +125,31 @@ class TorchmonCallback(_TrainerCallback):  # type: ignore[misc]
             )
             self._tokens_seen = int(state.num_input_tokens_seen)
         self._tokens_since = 0.0
+        if self._watchdog is not None:
+            self._sections = TrainSections(self._watchdog)
+            self._sections.watch_ddp(kwargs.get("model"))
 
     def on_step_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         timer = self._timer
         if timer is not None:
             timer.begin()
+        if self._sections is not None:
+            self._sections.enter("compute")
+
+    def on_pre_optimizer_step(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        if self._sections is not None:
+            self._sections.enter("optimizer")
+
+    def on_optimizer_step(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        if self._sections is not None:
+            self._sections.leave()
 
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        sections = self._sections
+        if sections is not None:
+            sections.leave()
+            sections.beat()
+            sections.enter("data")
         timer = self._timer
         if timer is None:
             return
@@ -155,6 +189,9 @@ class TorchmonCallback(_TrainerCallback):  # type: ignore[misc]
 
     def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         # Dropping the Stats emits their open windows before the sinks close.
+        if self._sections is not None:
+            self._sections.close()  # ends the data section open since the last step
+            self._sections = None
         self._timer = None
         if self._logged is not None:
             self._logged.flush()
