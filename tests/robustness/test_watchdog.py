@@ -511,3 +511,31 @@ def test_torchrun_one_stuck_rank_every_rank_dumps(tmp_path: Path, how: str) -> N
         lines = (tmp_path / f"events-{rank}.jsonl").read_text().splitlines()
         assert any(json.loads(line)["name"] == "torchmon.hang" for line in lines)
     assert "exiting with code 3" in output
+
+
+def test_a_gil_held_hang_right_after_a_resumption_is_dumped_on_time(tmp_path: Path) -> None:
+    # The resumption's Event waits for the GIL the next hang holds: the
+    # watchdog's thread must not wait with it.
+    _, out = run_child(
+        tmp_path,
+        """
+        wd = torchmon.Watchdog(min_timeout=0.5, max_timeout=0.5, first_timeout=0.5,
+                               warmup_beats=0, dump_dir=DUMPS, report_interval=60.0)
+        for _ in range(5):
+            time.sleep(0.01)
+            wd.beat()
+        time.sleep(0.8)  # a first hang
+        wd.beat()  # resumed: reported within the next 100 ms poll
+        ctypes.PyDLL(None).sleep(2)  # at once, a hang holding the GIL
+        wd.beat()
+        time.sleep(0.5)
+        wd.close()
+        finish()
+        """,
+    )
+    names = [e["name"] for e in out["events"]]
+    assert names == ["torchmon.hang", "torchmon.resumed"] * 2, names
+    second = out["events"][2]["data"]
+    # Found during the C call, not after it returned.
+    assert second["stalled_s"][1] < 1.5, second
+    assert len(dump_files(tmp_path)) == 2

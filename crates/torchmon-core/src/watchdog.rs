@@ -248,16 +248,29 @@ pub struct Shared {
 
 impl Shared {
     /// One step done.
+    ///
+    /// Loads and stores, no read-modify-write: a step is one thread's, and
+    /// two threads beating at the same instant may count once, which only
+    /// costs a count (either beat restarts the clock and changes the
+    /// count the watchdog's thread compares).
     #[inline]
     pub fn beat(&self) {
         let now = clock::now_ms_for_window(clock::COARSE_CLOCK_MIN_WINDOW_MS);
-        let previous = self.last_beat_ms.swap(now, Ordering::Relaxed);
-        let beats = self.beats.fetch_add(1, Ordering::Relaxed) + 1;
-        if beats > self.config.warmup_beats && !self.skip_interval.swap(false, Ordering::Relaxed) {
-            let slot = self.next_interval.fetch_add(1, Ordering::Relaxed) as usize;
-            let interval = (now - previous).clamp(0, u32::MAX as i64) as u32;
-            self.intervals[slot % KEPT_INTERVALS].store(interval, Ordering::Relaxed);
+        let previous = self.last_beat_ms.load(Ordering::Relaxed);
+        self.last_beat_ms.store(now, Ordering::Relaxed);
+        let beats = self.beats.load(Ordering::Relaxed) + 1;
+        self.beats.store(beats, Ordering::Relaxed);
+        if beats <= self.config.warmup_beats {
+            return;
         }
+        if self.skip_interval.load(Ordering::Relaxed) {
+            self.skip_interval.store(false, Ordering::Relaxed);
+            return;
+        }
+        let slot = self.next_interval.load(Ordering::Relaxed);
+        self.next_interval.store(slot + 1, Ordering::Relaxed);
+        let interval = (now - previous).clamp(0, u32::MAX as i64) as u32;
+        self.intervals[slot as usize % KEPT_INTERVALS].store(interval, Ordering::Relaxed);
     }
 
     pub fn beats(&self) -> u64 {
@@ -459,15 +472,19 @@ pub fn seconds_since_beat() -> Option<f64> {
         .reduce(f64::max)
 }
 
-/// A running watchdog: its shared state and its thread.
+/// A running watchdog: its shared state, its thread, and the thread that
+/// delivers its reports.
 pub struct Watchdog {
     shared: Arc<Shared>,
     thread: Mutex<Option<JoinHandle<()>>>,
+    delivery: Mutex<Option<JoinHandle<()>>>,
 }
 
 impl Watchdog {
-    /// Starts the watchdog: the clock runs from now. `report` is called on
-    /// the watchdog's thread for each hang and each resumption; `rank`
+    /// Starts the watchdog: the clock runs from now. `report` is called for
+    /// each hang and each resumption, in order, on a thread of its own: a
+    /// report that waits (for the GIL held by a C call) never keeps the
+    /// watchdog's thread from finding and dumping the next hang. `rank`
     /// names the dump files written under `dump_dir`.
     pub fn start(
         config: Config,
@@ -493,16 +510,29 @@ impl Watchdog {
             wake: Condvar::new(),
             dumps: AtomicU64::new(0),
         });
+        let (sender, receiver) = std::sync::mpsc::channel::<Report>();
+        let delivery = std::thread::Builder::new()
+            .name("torchmon-wd-report".into())
+            .spawn(move || {
+                for delivered in receiver {
+                    report(delivered);
+                }
+            })?;
         let watched = Arc::clone(&shared);
         let thread = std::thread::Builder::new()
             .name("torchmon-watchdog".into())
-            .spawn(move || watch(&watched, report))?;
+            .spawn(move || {
+                watch(&watched, |found| {
+                    let _ = sender.send(found);
+                })
+            })?;
         let mut watchdogs = WATCHDOGS.lock();
         watchdogs.retain(|weak| weak.strong_count() > 0);
         watchdogs.push(Arc::downgrade(&shared));
         Ok(Watchdog {
             shared,
             thread: Mutex::new(Some(thread)),
+            delivery: Mutex::new(Some(delivery)),
         })
     }
 
@@ -510,16 +540,27 @@ impl Watchdog {
         &self.shared
     }
 
-    /// Stops the thread and waits for it (not in a forked child, which does
-    /// not have it). Its report in progress, if any, completes first.
+    /// Stops the threads and waits for them (not in a forked child, which
+    /// does not have them, nor from a report, on the delivering thread).
+    /// The reports found before, if any, are delivered first.
     pub fn close(&self) {
         *self.shared.stopped.lock() = true;
         self.shared.wake.notify_all();
+        let in_parent = self.shared.pid == pid();
         let thread = self.thread.lock().take();
         if let Some(thread) = thread
-            && self.shared.pid == pid()
+            && in_parent
         {
             let _ = thread.join();
+        }
+        // The watchdog's thread is gone, and with it the sender: the
+        // delivering thread ends once it delivered what was sent.
+        let delivery = self.delivery.lock().take();
+        if let Some(delivery) = delivery
+            && in_parent
+            && delivery.thread().id() != std::thread::current().id()
+        {
+            let _ = delivery.join();
         }
     }
 
