@@ -84,8 +84,9 @@ def test_a_hang_is_reported_with_the_stack_then_its_end(tmp_path: Path, how: str
             {"stuck_in_sleep" if how == "sleep" else "stuck_in_c"}()
         wd.beat()
         time.sleep(0.6)
+        timeout_after = wd.timeout
         wd.close()
-        finish(timeout=timeout, last_beat=last_beat, pid=os.getpid())
+        finish(timeout=timeout, timeout_after=timeout_after, last_beat=last_beat, pid=os.getpid())
         """,
     )
     function = "stuck_in_sleep" if how == "sleep" else "stuck_in_c"
@@ -121,6 +122,8 @@ def test_a_hang_is_reported_with_the_stack_then_its_end(tmp_path: Path, how: str
     assert resumed["data"]["beats"] == ["int", 21]
     assert resumed["data"]["stalled_s"][0] == "float"
     assert 2.5 < resumed["data"]["stalled_s"][1] < 10
+    # The hang's 3 s is not a step time: kept, it would make the timeout 15 s.
+    assert out["timeout_after"] == 1.0
 
 
 def test_a_long_first_step_and_a_pause_are_not_hangs(tmp_path: Path) -> None:

@@ -9,7 +9,8 @@
 //! `warmup_beats` beats happened (the first steps compile) it is
 //! `first_timeout`, and the intervals of those beats are not kept. A pause
 //! (`pause`/`resume`, a checkpoint) stops the clock: the time paused never
-//! counts, nor the interval that spans it.
+//! counts, nor the interval that spans it; nor does the interval of a
+//! reported hang.
 //!
 //! The stacks are written by CPython's faulthandler, whose signal handler
 //! walks the interpreter's thread states without the GIL: the embedder
@@ -611,6 +612,10 @@ fn watch(shared: &Shared, report: impl Fn(Report)) {
                 if stalled_ms > timeout_ms {
                     let since_ms = shared.last_beat_ms.load(Ordering::Relaxed);
                     hung_at = Some((beats, since_ms));
+                    // The interval the beat ending this hang closes is not
+                    // a step time: kept, it would make the timeout `factor`
+                    // times the hang for as long as it is in the p99.
+                    shared.skip_interval.store(true, Ordering::Relaxed);
                     let section = shared.open_section();
                     let dump = shared.write_dump(stalled_ms, timeout_ms, &section);
                     if let Some(code) = shared.config.exit_code {
@@ -796,6 +801,8 @@ mod tests {
             matches!(resumed, Report::Resumed { beats: 1, .. }),
             "{resumed:?}"
         );
+        // The hang's interval is not a step time.
+        assert_eq!(watchdog.shared().p99_interval_ms(), None);
         watchdog.close();
         assert!(watchdog.is_closed());
         let _ = std::fs::remove_dir_all(dir);
