@@ -542,3 +542,32 @@ def test_a_gil_held_hang_right_after_a_resumption_is_dumped_on_time(tmp_path: Pa
     # Found during the C call, not after it returned.
     assert second["stalled_s"][1] < 1.5, second
     assert len(dump_files(tmp_path)) == 2
+
+
+def test_two_watchdogs_each_report_and_never_share_or_overwrite_a_dump(tmp_path: Path) -> None:
+    _, out = run_child(
+        tmp_path,
+        """
+        os.makedirs(DUMPS)
+        # A dump of an earlier process with this pid (a restarted container).
+        old = os.path.join(DUMPS, f"hang-rank0-pid{os.getpid()}-1.txt")
+        with open(old, "w") as f:
+            f.write("earlier")
+        a = torchmon.Watchdog(min_timeout=0.3, first_timeout=0.3, warmup_beats=0,
+                              dump_dir=DUMPS, report_interval=60.0)
+        b = torchmon.Watchdog(min_timeout=0.3, first_timeout=0.3, warmup_beats=0,
+                              dump_dir=DUMPS, report_interval=60.0)
+        def neither_beats():
+            time.sleep(1.0)
+        neither_beats()
+        a.close()
+        b.close()
+        finish(old=open(old).read())
+        """,
+    )
+    hangs = [e["data"]["dump"][1] for e in out["events"] if e["name"] == "torchmon.hang"]
+    assert len(hangs) == 2 and len(set(hangs)) == 2, hangs
+    assert out["old"] == "earlier"
+    for dump in hangs:
+        assert " in neither_beats\n" in Path(dump).read_text()
+    assert len(dump_files(tmp_path)) == 3

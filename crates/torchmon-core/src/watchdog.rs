@@ -244,7 +244,6 @@ pub struct Shared {
     sections: Mutex<Vec<String>>,
     stopped: Mutex<bool>,
     wake: Condvar,
-    dumps: AtomicU64,
 }
 
 impl Shared {
@@ -383,13 +382,10 @@ impl Shared {
     /// on stderr) if the file cannot be written.
     fn write_dump(&self, stalled_ms: i64, timeout_ms: i64, section: &str) -> Option<PathBuf> {
         let dir = self.dump_dir.as_ref()?;
-        let sequence = self.dumps.fetch_add(1, Ordering::Relaxed) + 1;
-        let path = dir.join(format!(
-            "hang-rank{}-pid{}-{}.txt",
-            self.rank, self.pid, sequence
-        ));
+        let mut path = dir.join(format!("hang-rank{}-pid{}-N.txt", self.rank, self.pid));
         let written = std::fs::create_dir_all(dir).and_then(|()| {
-            let mut file = File::create(&path)?;
+            let (mut file, created) = create_dump_file(dir, self.rank, self.pid)?;
+            path = created;
             writeln!(
                 file,
                 "torchmon watchdog: rank {} (pid {}) made no step for {:.1} s \
@@ -417,6 +413,32 @@ impl Shared {
                 );
                 None
             }
+        }
+    }
+}
+
+/// The next dump's number in this process: one sequence for every watchdog
+/// of the process, so that two never name the same file.
+static NEXT_DUMP: AtomicU64 = AtomicU64::new(1);
+
+/// A new dump file `hang-rank{rank}-pid{pid}-{n}.txt` in `dir`, never one
+/// that exists (a restarted job in a container may reuse a pid): the next
+/// free `n` of the process's sequence.
+fn create_dump_file(
+    dir: &std::path::Path,
+    rank: i64,
+    pid: u32,
+) -> std::io::Result<(File, PathBuf)> {
+    let mut attempts = 0;
+    loop {
+        let sequence = NEXT_DUMP.fetch_add(1, Ordering::Relaxed);
+        let path = dir.join(format!("hang-rank{rank}-pid{pid}-{sequence}.txt"));
+        match File::options().write(true).create_new(true).open(&path) {
+            Ok(file) => return Ok((file, path)),
+            Err(err) if err.kind() == std::io::ErrorKind::AlreadyExists && attempts < 10_000 => {
+                attempts += 1;
+            }
+            Err(err) => return Err(err),
         }
     }
 }
@@ -509,7 +531,6 @@ impl Watchdog {
             sections: Mutex::new(Vec::new()),
             stopped: Mutex::new(false),
             wake: Condvar::new(),
-            dumps: AtomicU64::new(0),
         });
         let (sender, receiver) = std::sync::mpsc::channel::<Report>();
         let delivery = std::thread::Builder::new()
@@ -694,7 +715,6 @@ mod tests {
             sections: Mutex::new(Vec::new()),
             stopped: Mutex::new(false),
             wake: Condvar::new(),
-            dumps: AtomicU64::new(0),
         }
     }
 
