@@ -124,6 +124,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     crate::py_window_event::init_lazy(py);
     crate::py_torch_wait_counters::init();
     crate::py_entry_points::install(m)?;
+    crate::py_watchdog::install_beat(py)?;
     Ok(())
 }
 

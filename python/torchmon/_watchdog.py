@@ -39,7 +39,7 @@ from ._errors import arg_type_error, arg_value_error, report_unraisable
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Iterator
-    from typing import Any, TextIO
+    from typing import Any
 
 _CALL = "Watchdog"
 
@@ -63,9 +63,10 @@ _SECTION_WINDOW = timedelta(days=1)
 
 _STORE_PREFIX = "torchmon/watchdog/"
 
-# The faulthandler registration: (signal, the file it writes to), once per
-# process; two watchdogs share it.
-_dumper: tuple[int, TextIO] | None = None
+# The faulthandler registration: (signal, the descriptor it writes to), once
+# per process; two watchdogs share it. A bare descriptor, not a file object:
+# it stays open for the life of the process (no ResourceWarning at exit).
+_dumper: tuple[int, int] | None = None
 _dumper_lock = threading.Lock()
 _live: weakref.WeakSet[Watchdog] = weakref.WeakSet()
 
@@ -82,13 +83,19 @@ def _register_stack_dumper(signum: int) -> None:
                 f"is signal {signum}, which already has a handler; the watchdog does not "
                 "take it over: pass another signal",
             )
-        file = open(os.devnull, "w")
-        faulthandler.register(signum, file=file, all_threads=True, chain=False)
-        _set_stack_dumper(signum, file.fileno())
+        fd = os.open(os.devnull, os.O_WRONLY | os.O_CLOEXEC)
+        try:
+            faulthandler.register(signum, file=fd, all_threads=True, chain=False)
+        except (OSError, RuntimeError, ValueError) as exc:
+            os.close(fd)
+            raise arg_value_error(
+                _CALL, "dump_signal", f"is signal {signum}, which cannot be handled: {exc}"
+            ) from None
+        _set_stack_dumper(signum, fd)
         if _dumper is not None:
             faulthandler.unregister(_dumper[0])
-            _dumper[1].close()
-        _dumper = (signum, file)
+            os.close(_dumper[1])
+        _dumper = (signum, fd)
 
 
 def _seconds(name: str, value: object, optional: bool = False) -> float | None:
@@ -144,8 +151,10 @@ class Watchdog(_Watchdog):
         first_timeout_s = _seconds("first_timeout", first_timeout, optional=True)
         if isinstance(warmup_beats, bool) or not isinstance(warmup_beats, int):
             raise arg_type_error(_CALL, "warmup_beats", "an int", warmup_beats)
-        if warmup_beats < 0:
-            raise arg_value_error(_CALL, "warmup_beats", f"must be at least 0, not {warmup_beats}")
+        if not 0 <= warmup_beats < 2**63:
+            raise arg_value_error(
+                _CALL, "warmup_beats", f"must be in 0..2**63 - 1, not {warmup_beats}"
+            )
         if dump_dir is not None and not isinstance(dump_dir, (str, os.PathLike)):
             raise arg_type_error(_CALL, "dump_dir", "a path or None", dump_dir)
         if exit_code is not None and (
@@ -164,6 +173,12 @@ class Watchdog(_Watchdog):
             isinstance(dump_signal, bool) or not isinstance(dump_signal, int)
         ):
             raise arg_type_error(_CALL, "dump_signal", "a signal number or None", dump_signal)
+        if dump_signal is not None and not 0 < dump_signal < signal.NSIG:
+            raise arg_value_error(
+                _CALL,
+                "dump_signal",
+                f"must be a signal number in 1..{signal.NSIG - 1}, not {dump_signal}",
+            )
         from ._rank import rank_info
 
         info = rank_info()

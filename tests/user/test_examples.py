@@ -331,3 +331,12 @@ def test_the_readme_names_every_example_script_before_its_first_section() -> Non
     assert scripts
     missing = [name for name in scripts if f"(examples/{name})" not in first_screen]
     assert missing == []
+
+
+def test_watchdog_hang_prints_the_hang_and_the_stack(tmp_path: Path) -> None:
+    out = run_example("watchdog_hang.py", "--dump-dir", str(tmp_path / "dumps"), cwd=tmp_path)
+    assert "torchmon.hang: {'rank': 0" in out
+    assert "torchmon.resumed:" in out
+    assert 'in section "compute", after 50 steps' in out
+    assert " in stuck_in_a_c_call\n" in out
+    assert len(list((tmp_path / "dumps").glob("hang-rank0-*.txt"))) == 1

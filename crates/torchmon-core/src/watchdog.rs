@@ -9,7 +9,8 @@
 //! `warmup_beats` beats happened (the first steps compile) it is
 //! `first_timeout`, and the intervals of those beats are not kept. A pause
 //! (`pause`/`resume`, a checkpoint) stops the clock: the time paused never
-//! counts, nor the interval that spans it.
+//! counts, nor the interval that spans it; nor does the interval of a
+//! reported hang.
 //!
 //! The stacks are written by CPython's faulthandler, whose signal handler
 //! walks the interpreter's thread states without the GIL: the embedder
@@ -243,21 +244,33 @@ pub struct Shared {
     sections: Mutex<Vec<String>>,
     stopped: Mutex<bool>,
     wake: Condvar,
-    dumps: AtomicU64,
 }
 
 impl Shared {
     /// One step done.
+    ///
+    /// Loads and stores, no read-modify-write: a step is one thread's, and
+    /// two threads beating at the same instant may count once, which only
+    /// costs a count (either beat restarts the clock and changes the
+    /// count the watchdog's thread compares).
     #[inline]
     pub fn beat(&self) {
         let now = clock::now_ms_for_window(clock::COARSE_CLOCK_MIN_WINDOW_MS);
-        let previous = self.last_beat_ms.swap(now, Ordering::Relaxed);
-        let beats = self.beats.fetch_add(1, Ordering::Relaxed) + 1;
-        if beats > self.config.warmup_beats && !self.skip_interval.swap(false, Ordering::Relaxed) {
-            let slot = self.next_interval.fetch_add(1, Ordering::Relaxed) as usize;
-            let interval = (now - previous).clamp(0, u32::MAX as i64) as u32;
-            self.intervals[slot % KEPT_INTERVALS].store(interval, Ordering::Relaxed);
+        let previous = self.last_beat_ms.load(Ordering::Relaxed);
+        self.last_beat_ms.store(now, Ordering::Relaxed);
+        let beats = self.beats.load(Ordering::Relaxed) + 1;
+        self.beats.store(beats, Ordering::Relaxed);
+        if beats <= self.config.warmup_beats {
+            return;
         }
+        if self.skip_interval.load(Ordering::Relaxed) {
+            self.skip_interval.store(false, Ordering::Relaxed);
+            return;
+        }
+        let slot = self.next_interval.load(Ordering::Relaxed);
+        self.next_interval.store(slot + 1, Ordering::Relaxed);
+        let interval = (now - previous).clamp(0, u32::MAX as i64) as u32;
+        self.intervals[slot as usize % KEPT_INTERVALS].store(interval, Ordering::Relaxed);
     }
 
     pub fn beats(&self) -> u64 {
@@ -369,13 +382,10 @@ impl Shared {
     /// on stderr) if the file cannot be written.
     fn write_dump(&self, stalled_ms: i64, timeout_ms: i64, section: &str) -> Option<PathBuf> {
         let dir = self.dump_dir.as_ref()?;
-        let sequence = self.dumps.fetch_add(1, Ordering::Relaxed) + 1;
-        let path = dir.join(format!(
-            "hang-rank{}-pid{}-{}.txt",
-            self.rank, self.pid, sequence
-        ));
+        let mut path = dir.join(format!("hang-rank{}-pid{}-N.txt", self.rank, self.pid));
         let written = std::fs::create_dir_all(dir).and_then(|()| {
-            let mut file = File::create(&path)?;
+            let (mut file, created) = create_dump_file(dir, self.rank, self.pid)?;
+            path = created;
             writeln!(
                 file,
                 "torchmon watchdog: rank {} (pid {}) made no step for {:.1} s \
@@ -403,6 +413,32 @@ impl Shared {
                 );
                 None
             }
+        }
+    }
+}
+
+/// The next dump's number in this process: one sequence for every watchdog
+/// of the process, so that two never name the same file.
+static NEXT_DUMP: AtomicU64 = AtomicU64::new(1);
+
+/// A new dump file `hang-rank{rank}-pid{pid}-{n}.txt` in `dir`, never one
+/// that exists (a restarted job in a container may reuse a pid): the next
+/// free `n` of the process's sequence.
+fn create_dump_file(
+    dir: &std::path::Path,
+    rank: i64,
+    pid: u32,
+) -> std::io::Result<(File, PathBuf)> {
+    let mut attempts = 0;
+    loop {
+        let sequence = NEXT_DUMP.fetch_add(1, Ordering::Relaxed);
+        let path = dir.join(format!("hang-rank{rank}-pid{pid}-{sequence}.txt"));
+        match File::options().write(true).create_new(true).open(&path) {
+            Ok(file) => return Ok((file, path)),
+            Err(err) if err.kind() == std::io::ErrorKind::AlreadyExists && attempts < 10_000 => {
+                attempts += 1;
+            }
+            Err(err) => return Err(err),
         }
     }
 }
@@ -459,15 +495,19 @@ pub fn seconds_since_beat() -> Option<f64> {
         .reduce(f64::max)
 }
 
-/// A running watchdog: its shared state and its thread.
+/// A running watchdog: its shared state, its thread, and the thread that
+/// delivers its reports.
 pub struct Watchdog {
     shared: Arc<Shared>,
     thread: Mutex<Option<JoinHandle<()>>>,
+    delivery: Mutex<Option<JoinHandle<()>>>,
 }
 
 impl Watchdog {
-    /// Starts the watchdog: the clock runs from now. `report` is called on
-    /// the watchdog's thread for each hang and each resumption; `rank`
+    /// Starts the watchdog: the clock runs from now. `report` is called for
+    /// each hang and each resumption, in order, on a thread of its own: a
+    /// report that waits (for the GIL held by a C call) never keeps the
+    /// watchdog's thread from finding and dumping the next hang. `rank`
     /// names the dump files written under `dump_dir`.
     pub fn start(
         config: Config,
@@ -491,18 +531,30 @@ impl Watchdog {
             sections: Mutex::new(Vec::new()),
             stopped: Mutex::new(false),
             wake: Condvar::new(),
-            dumps: AtomicU64::new(0),
         });
+        let (sender, receiver) = std::sync::mpsc::channel::<Report>();
+        let delivery = std::thread::Builder::new()
+            .name("torchmon-wd-report".into())
+            .spawn(move || {
+                for delivered in receiver {
+                    report(delivered);
+                }
+            })?;
         let watched = Arc::clone(&shared);
         let thread = std::thread::Builder::new()
             .name("torchmon-watchdog".into())
-            .spawn(move || watch(&watched, report))?;
+            .spawn(move || {
+                watch(&watched, |found| {
+                    let _ = sender.send(found);
+                })
+            })?;
         let mut watchdogs = WATCHDOGS.lock();
         watchdogs.retain(|weak| weak.strong_count() > 0);
         watchdogs.push(Arc::downgrade(&shared));
         Ok(Watchdog {
             shared,
             thread: Mutex::new(Some(thread)),
+            delivery: Mutex::new(Some(delivery)),
         })
     }
 
@@ -510,16 +562,27 @@ impl Watchdog {
         &self.shared
     }
 
-    /// Stops the thread and waits for it (not in a forked child, which does
-    /// not have it). Its report in progress, if any, completes first.
+    /// Stops the threads and waits for them (not in a forked child, which
+    /// does not have them, nor from a report, on the delivering thread).
+    /// The reports found before, if any, are delivered first.
     pub fn close(&self) {
         *self.shared.stopped.lock() = true;
         self.shared.wake.notify_all();
+        let in_parent = self.shared.pid == pid();
         let thread = self.thread.lock().take();
         if let Some(thread) = thread
-            && self.shared.pid == pid()
+            && in_parent
         {
             let _ = thread.join();
+        }
+        // The watchdog's thread is gone, and with it the sender: the
+        // delivering thread ends once it delivered what was sent.
+        let delivery = self.delivery.lock().take();
+        if let Some(delivery) = delivery
+            && in_parent
+            && delivery.thread().id() != std::thread::current().id()
+        {
+            let _ = delivery.join();
         }
     }
 
@@ -570,6 +633,10 @@ fn watch(shared: &Shared, report: impl Fn(Report)) {
                 if stalled_ms > timeout_ms {
                     let since_ms = shared.last_beat_ms.load(Ordering::Relaxed);
                     hung_at = Some((beats, since_ms));
+                    // The interval the beat ending this hang closes is not
+                    // a step time: kept, it would make the timeout `factor`
+                    // times the hang for as long as it is in the p99.
+                    shared.skip_interval.store(true, Ordering::Relaxed);
                     let section = shared.open_section();
                     let dump = shared.write_dump(stalled_ms, timeout_ms, &section);
                     if let Some(code) = shared.config.exit_code {
@@ -648,7 +715,6 @@ mod tests {
             sections: Mutex::new(Vec::new()),
             stopped: Mutex::new(false),
             wake: Condvar::new(),
-            dumps: AtomicU64::new(0),
         }
     }
 
@@ -755,6 +821,8 @@ mod tests {
             matches!(resumed, Report::Resumed { beats: 1, .. }),
             "{resumed:?}"
         );
+        // The hang's interval is not a step time.
+        assert_eq!(watchdog.shared().p99_interval_ms(), None);
         watchdog.close();
         assert!(watchdog.is_closed());
         let _ = std::fs::remove_dir_all(dir);
