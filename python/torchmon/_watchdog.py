@@ -376,16 +376,14 @@ class Watchdog(_Watchdog):
         while True:
             if self._stop_reporter.wait(min(max(0.05, wait / 4), wait)):
                 return [entry]
-            for rank in range(world_size):
-                if rank in found:
+            missing = [rank for rank in range(world_size) if rank not in found]
+            for rank, other in zip(missing, _read_entries(store, missing)):
+                if other is None:
                     continue
-                key = f"{_STORE_PREFIX}{rank}"
-                if store.check([key]):
-                    other = json.loads(store.get(key))
-                    if other.get("tick") == entry["tick"]:
-                        found[rank] = other
-                    else:
-                        stale[rank] = other
+                if other.get("tick") == entry["tick"]:
+                    found[rank] = other
+                else:
+                    stale[rank] = other
             if len(found) == world_size or time.monotonic() >= deadline:
                 break
         # The stale entries still tell rank 0 which ranks stopped beating.
@@ -412,8 +410,36 @@ class Watchdog(_Watchdog):
                     "ranks": ",".join(map(str, stopped)),
                     "count": len(stopped),
                     "sections": sections,
+                    "suspects": ",".join(map(str, _odd_ones_out(entries, stopped))),
                 }
                 log_event(Event("torchmon.stopped_ranks", datetime.now(), data))
+
+
+def _odd_ones_out(entries: list[dict[str, Any]], stopped: tuple[int, ...]) -> list[int]:
+    """The stopped ranks whose step count or open section differ from those
+    of most stopped ranks: when one rank hangs, the others block in the next
+    collective, all in the same section at the same step, so the one that
+    differs is where to look. Empty without a strict majority."""
+    places = {e["rank"]: (e["beats"], e["section"]) for e in entries if e["rank"] in stopped}
+    counts: dict[tuple[int, str], int] = {}
+    for place in places.values():
+        counts[place] = counts.get(place, 0) + 1
+    common, count = max(counts.items(), key=lambda item: item[1], default=(None, 0))
+    if count * 2 <= len(places):
+        return []
+    return sorted(rank for rank, place in places.items() if place != common)
+
+
+def _read_entries(store: Any, ranks: list[int]) -> list[dict[str, Any] | None]:
+    """The entries of ``ranks`` (None where a rank published none yet): in
+    two round trips to the store (``check`` then ``multi_get``) once every
+    rank has published, so a tick costs the store a few requests per rank,
+    not one per pair of ranks; key by key while some are missing, or with a
+    store that has no ``multi_get``."""
+    keys = [f"{_STORE_PREFIX}{rank}" for rank in ranks]
+    if keys and hasattr(store, "multi_get") and store.check(keys):
+        return [json.loads(value) for value in store.multi_get(keys)]
+    return [json.loads(store.get(key)) if store.check([key]) else None for key in keys]
 
 
 def _report_loop(ref: weakref.ref[Watchdog], interval: float) -> None:

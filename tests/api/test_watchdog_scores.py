@@ -101,3 +101,24 @@ def test_alone_a_rank_is_its_own_fastest(
     with watchdog(monkeypatch, store, 2) as wd:  # rank 1 never publishes
         wd._report_tick(TICK)
     assert recorded["straggler.compute.relative.value"] == [1.0]
+
+
+def test_rank_zero_names_the_stopped_rank_that_differs_from_the_others() -> None:
+    """One rank stuck in its compute, the others blocked in the collective of
+    the same step: all four are stopped, the one in another place is the
+    suspect; with no majority there is none."""
+    from torchmon._watchdog import _odd_ones_out
+
+    def entry(rank: int, beats: int, section: str) -> dict[str, object]:
+        return {"rank": rank, "beats": beats, "section": section}
+
+    stuck = [entry(0, 40, "allreduce"), entry(1, 40, "allreduce"), entry(2, 40, "compute")]
+    stuck.append(entry(3, 40, "allreduce"))
+    assert _odd_ones_out(stuck, (0, 1, 2, 3)) == [2]
+    # A rank one step behind, in the same section, differs too.
+    behind = [entry(0, 40, "allreduce"), entry(1, 39, "allreduce"), entry(2, 40, "allreduce")]
+    assert _odd_ones_out(behind, (0, 1, 2)) == [1]
+    # Two ranks in two places: no majority, no suspect; a rank not stopped
+    # is not counted.
+    assert _odd_ones_out(stuck[:1] + stuck[2:3], (0, 2)) == []
+    assert _odd_ones_out(stuck, (0, 1, 3)) == []
