@@ -62,8 +62,10 @@ def recorded() -> Iterator[dict[str, list[float]]]:
 def watchdog(monkeypatch: pytest.MonkeyPatch, store: MemoryStore, world_size: int) -> Any:
     monkeypatch.setenv("RANK", "0")
     monkeypatch.setenv("WORLD_SIZE", str(world_size))
-    # An interval long enough that the reporter thread never ticks here.
-    wd = torchmon.Watchdog(min_timeout=60.0, dump_dir=None, report_interval=5.0, store=store)
+    # An hour: the reporter thread's ticks fall on the wall clock's multiples
+    # of the interval, and one falling during the test (every 5 s, as it
+    # was) cut the section's window before the tick driven by hand.
+    wd = torchmon.Watchdog(min_timeout=60.0, dump_dir=None, report_interval=3600.0, store=store)
     wd.section("compute").stat.add(0.02)
     return wd
 
