@@ -13,7 +13,7 @@ use pyo3::types::{PyDict, PyString};
 use std::ffi::c_char;
 use std::time::Duration;
 
-use crate::py_convert::arg_value_error;
+use crate::py_convert::{arg_value_error, write_unraisable};
 use crate::py_registry::{Failures, current_handlers};
 use crate::py_stat::WindowOwner;
 use crate::py_window_event::dispatch_window_event;
@@ -52,14 +52,11 @@ impl Sink<ClosedWindow> for Deliver {
         Python::try_attach(|py| {
             for ClosedWindow { counter, window } in items {
                 if let Err(err) = counter.emit_window(py, &window) {
-                    let context = PyString::new(
-                        py,
-                        &format!(
-                            "torchmon: a handler of the wait counter Stat '{}'",
-                            counter.name()
-                        ),
+                    let context = format!(
+                        "torchmon: a handler of the wait counter Stat '{}'",
+                        counter.name()
                     );
-                    err.write_unraisable(py, Some(context.as_any()));
+                    write_unraisable(py, err, &context);
                 }
             }
             Flow::Continue
