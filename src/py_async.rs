@@ -28,7 +28,7 @@ use crate::py_convert::{Given, arg_type_error, arg_value_error};
 use crate::py_event::Event;
 use torchmon_core::async_handlers::{
     AsyncHandlers, DEFAULT_MAXSIZE, Member, Offered, OnFull, Step, check_maxsize, check_on_full,
-    deadline_in,
+    deadline_in, own_thread_message, worker_start_message,
 };
 use torchmon_core::worker::{Flow, Sink, Worker};
 
@@ -78,11 +78,8 @@ fn spawn_worker(
     let sink = PySink {
         handler: Some(handler.clone_ref(py)),
     };
-    Worker::spawn(maxsize, sink, THREAD_NAME).map_err(|err| {
-        PyRuntimeError::new_err(format!(
-            "AsyncEventHandler: cannot start its worker thread: {err}"
-        ))
-    })
+    Worker::spawn(maxsize, sink, THREAD_NAME)
+        .map_err(|err| PyRuntimeError::new_err(worker_start_message(err)))
 }
 
 /// The core's waits, detached from Python in steps; signals (Ctrl-C) are
@@ -134,9 +131,7 @@ impl AsyncEventHandler {
     /// `method` would wait for its own worker thread.
     fn refuse_own_thread(&self, method: &str) -> PyResult<()> {
         if self.member.worker().is_worker_thread() {
-            return Err(PyRuntimeError::new_err(format!(
-                "AsyncEventHandler.{method}() called from its own handler would wait for itself"
-            )));
+            return Err(PyRuntimeError::new_err(own_thread_message(method)));
         }
         Ok(())
     }

@@ -220,10 +220,8 @@ fn record_cpu_entries<'py>(
         let segments = stats_of_segments(entry_segments)?;
         let lengths = segments.iter().map(|(_, length)| *length);
         let Some(ranges) = segment_ranges(first, values.len(), lengths) else {
-            return Err(PyValueError::new_err(format!(
-                "_record_cpu_tensors: segments past the {} staged values",
-                values.len() - first
-            )));
+            let message = live::segments_past_message(values.len() - first);
+            return Err(PyValueError::new_err(message));
         };
         adds.extend(segments.into_iter().map(|(stat, _)| stat).zip(ranges));
     }
@@ -301,13 +299,7 @@ pub fn _stat_add_by_id(
             stat.core().now_ms(),
         )),
         Some(times) => {
-            if times.len() != values.len() {
-                return Err(PyValueError::new_err(format!(
-                    "_stat_add_by_id: {} values but {} times",
-                    values.len(),
-                    times.len()
-                )));
-            }
+            live::check_times(values.len(), times.len()).map_err(PyValueError::new_err)?;
             for (&value, &now_ms) in values.iter().zip(&times) {
                 emit(stat.core().add_at(value, now_ms));
             }

@@ -29,13 +29,42 @@ pub struct PyDistribution {
     /// a window costs no Python object per bucket unless a handler reads
     /// them, and later reads cost none.
     tuples: [OnceLock<Py<PyTuple>>; 2],
+    // The numbers of `inner`, copied at construction for the getters.
+    #[pyo3(get)]
+    scale: i32,
+    #[pyo3(get)]
+    count: u64,
+    #[pyo3(get)]
+    sum: f64,
+    #[pyo3(get)]
+    min: f64,
+    #[pyo3(get)]
+    max: f64,
+    #[pyo3(get)]
+    zero_count: u64,
+    #[pyo3(get)]
+    nan_count: u64,
+    #[pyo3(get)]
+    positive_inf_count: u64,
+    #[pyo3(get)]
+    negative_inf_count: u64,
 }
 
 impl PyDistribution {
     pub fn from_core(inner: Arc<Distribution>) -> Self {
+        let buckets = &inner.buckets;
         PyDistribution {
-            inner,
             tuples: Default::default(),
+            scale: core::SCALE,
+            count: inner.count,
+            sum: inner.sum,
+            min: inner.min,
+            max: inner.max,
+            zero_count: buckets.zero_count,
+            nan_count: buckets.nan_count,
+            positive_inf_count: buckets.positive_inf_count,
+            negative_inf_count: buckets.negative_inf_count,
+            inner,
         }
     }
 
@@ -120,6 +149,12 @@ fn invalid(error: InvalidDistribution) -> PyErr {
     arg_value_error(CALL, error.argument(), error)
 }
 
+/// The AttributeError of setting or deleting (`verb`) attribute `name`.
+fn immutable(verb: &str, name: &Bound<'_, PyAny>) -> PyResult<PyErr> {
+    let message = core::immutable_message(verb, &name.repr()?.to_cow()?);
+    Ok(PyAttributeError::new_err(message))
+}
+
 fn is_int(value: &Bound<'_, PyAny>) -> bool {
     value.is_instance_of::<PyInt>() && !value.is_instance_of::<PyBool>()
 }
@@ -160,14 +195,14 @@ fn float_arg(value: &Bound<'_, PyAny>, name: &str) -> PyResult<f64> {
         let py = value.py();
         let magnitude = value.call_method0("__abs__")?;
         let digits = if magnitude.lt(PyInt::new(py, 10).pow(4000, py.None())?)? {
-            magnitude.str()?.len()?.to_string()
+            Some(magnitude.str()?.len()?)
         } else {
-            "over 4000".to_owned()
+            None
         };
         Err(arg_value_error(
             CALL,
             name,
-            format_args!("must be within the float range, got an int of {digits} digits"),
+            core::float_range_problem(digits),
         ))
     })
 }
@@ -355,42 +390,6 @@ impl PyDistribution {
     }
 
     #[getter]
-    fn scale(&self) -> i32 {
-        core::SCALE
-    }
-    #[getter]
-    fn count(&self) -> u64 {
-        self.inner.count
-    }
-    #[getter]
-    fn sum(&self) -> f64 {
-        self.inner.sum
-    }
-    #[getter]
-    fn min(&self) -> f64 {
-        self.inner.min
-    }
-    #[getter]
-    fn max(&self) -> f64 {
-        self.inner.max
-    }
-    #[getter]
-    fn zero_count(&self) -> u64 {
-        self.inner.buckets.zero_count
-    }
-    #[getter]
-    fn nan_count(&self) -> u64 {
-        self.inner.buckets.nan_count
-    }
-    #[getter]
-    fn positive_inf_count(&self) -> u64 {
-        self.inner.buckets.positive_inf_count
-    }
-    #[getter]
-    fn negative_inf_count(&self) -> u64 {
-        self.inner.buckets.negative_inf_count
-    }
-    #[getter]
     fn positive<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyTuple>> {
         self.side(py, 0)
     }
@@ -481,17 +480,11 @@ impl PyDistribution {
     }
 
     fn __setattr__(&self, name: &Bound<'_, PyAny>, _value: &Bound<'_, PyAny>) -> PyResult<()> {
-        Err(PyAttributeError::new_err(format!(
-            "Distribution is immutable: cannot set {}",
-            name.repr()?
-        )))
+        Err(immutable("set", name)?)
     }
 
     fn __delattr__(&self, name: &Bound<'_, PyAny>) -> PyResult<()> {
-        Err(PyAttributeError::new_err(format!(
-            "Distribution is immutable: cannot delete {}",
-            name.repr()?
-        )))
+        Err(immutable("delete", name)?)
     }
 
     /// Pickled as before the type was native, `_restore(scale, count, ...)`,

@@ -89,6 +89,17 @@ pub fn check_on_full(text: &str) -> Result<OnFull, String> {
     OnFull::parse(text).ok_or_else(|| format!("must be \"drop\" or \"block\", got {text:?}"))
 }
 
+/// The `RuntimeError` message of a handler whose worker thread cannot start.
+pub fn worker_start_message(err: impl std::fmt::Display) -> String {
+    format!("AsyncEventHandler: cannot start its worker thread: {err}")
+}
+
+/// The `RuntimeError` message of `flush()` or `close()` (`method`) called
+/// from the handler's own worker thread, which would wait for itself.
+pub fn own_thread_message(method: &str) -> String {
+    format!("AsyncEventHandler.{method}() called from its own handler would wait for itself")
+}
+
 /// `timeout` seconds from now: `None` (no limit) for a time too long to
 /// represent; the problem, for a negative or NaN one, as for `check_maxsize`.
 pub fn deadline_in(seconds: f64) -> Result<Option<Instant>, String> {
@@ -454,6 +465,18 @@ mod tests {
     use std::sync::mpsc;
 
     const LONG: Duration = Duration::from_secs(10);
+
+    #[test]
+    fn runtime_errors_are_worded_for_the_method() {
+        assert_eq!(
+            worker_start_message("out of threads"),
+            "AsyncEventHandler: cannot start its worker thread: out of threads"
+        );
+        assert_eq!(
+            own_thread_message("flush"),
+            "AsyncEventHandler.flush() called from its own handler would wait for itself"
+        );
+    }
 
     #[test]
     fn argument_rules_word_their_problems() {

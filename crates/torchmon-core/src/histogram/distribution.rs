@@ -608,6 +608,21 @@ pub fn positional_message(given: usize) -> String {
     format!("{INIT} takes 1 positional argument but {given} were given")
 }
 
+/// The `AttributeError` message of setting (`verb` "set") or deleting
+/// ("delete") the attribute `name_repr` (its Python repr): a Distribution
+/// is immutable.
+pub fn immutable_message(verb: &str, name_repr: &str) -> String {
+    format!("Distribution is immutable: cannot {verb} {name_repr}")
+}
+
+/// The problem of an int float argument past the float range, `digits`
+/// long (`None`: over 4000 digits, too many to count), worded to follow
+/// the argument's name.
+pub fn float_range_problem(digits: Option<usize>) -> String {
+    let digits = digits.map_or("over 4000".to_owned(), |n| n.to_string());
+    format!("must be within the float range, got an int of {digits} digits")
+}
+
 /// The `TypeError` message of a keyword that is not a field; `repr` is the
 /// keyword's Python repr.
 pub fn unexpected_keyword_message(repr: &str) -> String {

@@ -893,6 +893,22 @@ fn exponential_halves_the_scale_until_each_sign_fits() {
 }
 
 #[test]
+fn attribute_and_float_range_errors_are_worded_for_python() {
+    assert_eq!(
+        immutable_message("delete", "'sum'"),
+        "Distribution is immutable: cannot delete 'sum'"
+    );
+    assert_eq!(
+        float_range_problem(Some(400)),
+        "must be within the float range, got an int of 400 digits"
+    );
+    assert_eq!(
+        float_range_problem(None),
+        "must be within the float range, got an int of over 4000 digits"
+    );
+}
+
+#[test]
 fn constructor_keyword_errors_are_worded_as_cpython_words_them() {
     assert_eq!(
         positional_message(2),

@@ -145,10 +145,40 @@ pub fn segment_ranges(
     lengths.into_iter().map(&mut range).collect()
 }
 
+/// The `ValueError` message of `_record_cpu_tensors` when the segments pass
+/// the `staged` values.
+pub fn segments_past_message(staged: usize) -> String {
+    format!("_record_cpu_tensors: segments past the {staged} staged values")
+}
+
+/// `_stat_add_by_id`'s rule: one time per value; otherwise the message of
+/// its `ValueError`.
+pub fn check_times(values: usize, times: usize) -> Result<(), String> {
+    if values != times {
+        return Err(format!(
+            "_stat_add_by_id: {values} values but {times} times"
+        ));
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::aggregation::Aggregation::Sum;
+
+    #[test]
+    fn staged_values_errors_are_worded_for_python() {
+        assert_eq!(check_times(2, 2), Ok(()));
+        assert_eq!(
+            check_times(2, 3),
+            Err("_stat_add_by_id: 2 values but 3 times".to_owned())
+        );
+        assert_eq!(
+            segments_past_message(4),
+            "_record_cpu_tensors: segments past the 4 staged values"
+        );
+    }
 
     #[test]
     fn segments_hold_their_stats_weakly_and_split_the_values_in_order() {
