@@ -125,6 +125,13 @@ fn on_full_arg(value: &Bound<'_, PyAny>) -> PyResult<OnFull> {
 #[pyclass(name = "AsyncEventHandler", module = "torchmon", frozen)]
 pub struct AsyncEventHandler {
     member: Member<Py<Event>, Py<PyAny>>,
+    /// The wrapped handler.
+    #[pyo3(get)]
+    handler: Py<PyAny>,
+    #[pyo3(get)]
+    maxsize: usize,
+    #[pyo3(get)]
+    on_full: &'static str,
 }
 
 impl AsyncEventHandler {
@@ -165,7 +172,12 @@ impl AsyncEventHandler {
             on_full,
             &mut |handler, maxsize| spawn_worker(py, handler, maxsize),
         )?;
-        Ok(AsyncEventHandler { member })
+        Ok(AsyncEventHandler {
+            handler: member.handler.clone_ref(py),
+            maxsize: member.maxsize,
+            on_full: member.on_full.as_str(),
+            member,
+        })
     }
 
     /// Queues `event` (a snapshot of it) and returns; see `on_full`.
@@ -211,22 +223,6 @@ impl AsyncEventHandler {
     ) -> PyResult<()> {
         let _ = (exc_type, exc_value, traceback);
         self.close(py)
-    }
-
-    /// The wrapped handler.
-    #[getter]
-    fn handler(&self, py: Python<'_>) -> Py<PyAny> {
-        self.member.handler.clone_ref(py)
-    }
-
-    #[getter]
-    fn maxsize(&self) -> usize {
-        self.member.maxsize
-    }
-
-    #[getter]
-    fn on_full(&self) -> &'static str {
-        self.member.on_full.as_str()
     }
 
     /// Events not delivered: refused while the queue was full (drop mode),
