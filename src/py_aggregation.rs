@@ -68,12 +68,10 @@ impl PyAggregation {
         let number: i64 = value.extract().unwrap_or(i64::MIN);
         match Core::from_value(number) {
             Some(core) => Ok(Self::member(py, core)?.unbind()),
-            None => Err(PyValueError::new_err(format!(
-                "{} is not a valid Aggregation (valid values: {} to {})",
-                value.repr()?,
-                Core::VALUE_RANGE.0,
-                Core::VALUE_RANGE.1
-            ))),
+            None => {
+                let message = Core::invalid_value_message(&value.repr()?.to_cow()?);
+                Err(PyValueError::new_err(message))
+            }
         }
     }
 
@@ -96,11 +94,7 @@ impl PyAggregation {
     }
 
     fn __repr__(&self) -> String {
-        format!(
-            "<Aggregation.{}: {}>",
-            self.core().name(),
-            self.core() as i64
-        )
+        self.core().repr()
     }
 
     fn __str__(&self) -> String {

@@ -22,14 +22,18 @@
 use pyo3::exceptions::PyRuntimeError;
 use pyo3::prelude::*;
 use pyo3::types::{PyBool, PyInt, PyString};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use crate::py_convert::{Given, arg_type_error, arg_value_error};
 use crate::py_event::Event;
-use torchmon_core::async_handlers::{AsyncHandlers, MAX_QUEUE, Member, Offered, OnFull, Step};
+use torchmon_core::async_handlers::{
+    AsyncHandlers, DEFAULT_MAXSIZE, Member, Offered, OnFull, Step, check_maxsize, check_on_full,
+    deadline_in, own_thread_message, worker_start_message,
+};
 use torchmon_core::worker::{Flow, Sink, Worker};
 
 const THREAD_NAME: &str = "torchmon-async";
+const CALL: &str = "AsyncEventHandler";
 
 /// Every live handler, for the exit drain, `flush()` and the fork restart.
 static HANDLERS: AsyncHandlers<Py<Event>, Py<PyAny>> = AsyncHandlers::new();
@@ -74,11 +78,8 @@ fn spawn_worker(
     let sink = PySink {
         handler: Some(handler.clone_ref(py)),
     };
-    Worker::spawn(maxsize, sink, THREAD_NAME).map_err(|err| {
-        PyRuntimeError::new_err(format!(
-            "AsyncEventHandler: cannot start its worker thread: {err}"
-        ))
-    })
+    Worker::spawn(maxsize, sink, THREAD_NAME)
+        .map_err(|err| PyRuntimeError::new_err(worker_start_message(err)))
 }
 
 /// The core's waits, detached from Python in steps; signals (Ctrl-C) are
@@ -101,76 +102,43 @@ fn deadline_arg(function: &str, timeout: Option<&Bound<'_, PyAny>>) -> PyResult<
     let seconds: f64 = value
         .extract()
         .map_err(|_| arg_type_error(function, "timeout", "a number of seconds or None", value))?;
-    if seconds.is_nan() || seconds < 0.0 {
-        return Err(arg_value_error(
-            function,
-            "timeout",
-            format_args!("must be >= 0 seconds, got {seconds}"),
-        ));
-    }
-    Ok(Duration::try_from_secs_f64(seconds)
-        .ok()
-        .and_then(|t| Instant::now().checked_add(t)))
+    deadline_in(seconds).map_err(|problem| arg_value_error(function, "timeout", problem))
 }
 
 fn maxsize_arg(value: &Bound<'_, PyAny>) -> PyResult<usize> {
     if value.is_instance_of::<PyBool>() || !value.is_instance_of::<PyInt>() {
-        return Err(arg_type_error(
-            "AsyncEventHandler",
-            "maxsize",
-            "an int",
-            value,
-        ));
+        return Err(arg_type_error(CALL, "maxsize", "an int", value));
     }
-    let out_of_range = || {
-        arg_value_error(
-            "AsyncEventHandler",
-            "maxsize",
-            format_args!(
-                "must be between 1 and {MAX_QUEUE}, got {}",
-                value.repr().map(|r| r.to_string()).unwrap_or_default()
-            ),
-        )
-    };
-    let maxsize: i64 = value.extract().map_err(|_| out_of_range())?;
-    match usize::try_from(maxsize) {
-        Ok(n) if (1..=MAX_QUEUE).contains(&n) => Ok(n),
-        _ => Err(out_of_range()),
-    }
+    let repr = || value.repr().map(|r| r.to_string()).unwrap_or_default();
+    check_maxsize(value.extract().ok(), repr)
+        .map_err(|problem| arg_value_error(CALL, "maxsize", problem))
 }
 
 fn on_full_arg(value: &Bound<'_, PyAny>) -> PyResult<OnFull> {
-    let text = value.cast::<PyString>().map_err(|_| {
-        arg_type_error(
-            "AsyncEventHandler",
-            "on_full",
-            "\"drop\" or \"block\"",
-            value,
-        )
-    })?;
-    let text = text.to_str()?;
-    OnFull::parse(text).ok_or_else(|| {
-        arg_value_error(
-            "AsyncEventHandler",
-            "on_full",
-            format_args!("must be \"drop\" or \"block\", got {text:?}"),
-        )
-    })
+    let text = value
+        .cast::<PyString>()
+        .map_err(|_| arg_type_error(CALL, "on_full", "\"drop\" or \"block\"", value))?;
+    check_on_full(text.to_str()?).map_err(|problem| arg_value_error(CALL, "on_full", problem))
 }
 
 /// Calls `handler` on a background thread, in order, fed by a bounded queue.
 #[pyclass(name = "AsyncEventHandler", module = "torchmon", frozen)]
 pub struct AsyncEventHandler {
     member: Member<Py<Event>, Py<PyAny>>,
+    /// The wrapped handler.
+    #[pyo3(get)]
+    handler: Py<PyAny>,
+    #[pyo3(get)]
+    maxsize: usize,
+    #[pyo3(get)]
+    on_full: &'static str,
 }
 
 impl AsyncEventHandler {
     /// `method` would wait for its own worker thread.
     fn refuse_own_thread(&self, method: &str) -> PyResult<()> {
         if self.member.worker().is_worker_thread() {
-            return Err(PyRuntimeError::new_err(format!(
-                "AsyncEventHandler.{method}() called from its own handler would wait for itself"
-            )));
+            return Err(PyRuntimeError::new_err(own_thread_message(method)));
         }
         Ok(())
     }
@@ -190,14 +158,11 @@ impl AsyncEventHandler {
         on_full: Given,
     ) -> PyResult<Self> {
         if !handler.is_callable() {
-            return Err(arg_type_error(
-                "AsyncEventHandler",
-                "handler",
-                "callable",
-                handler,
-            ));
+            return Err(arg_type_error(CALL, "handler", "callable", handler));
         }
-        let maxsize = maxsize.0.map_or(Ok(1024), |v| maxsize_arg(v.bind(py)))?;
+        let maxsize = maxsize
+            .0
+            .map_or(Ok(DEFAULT_MAXSIZE), |v| maxsize_arg(v.bind(py)))?;
         let on_full = on_full
             .0
             .map_or(Ok(OnFull::Drop), |v| on_full_arg(v.bind(py)))?;
@@ -207,18 +172,18 @@ impl AsyncEventHandler {
             on_full,
             &mut |handler, maxsize| spawn_worker(py, handler, maxsize),
         )?;
-        Ok(AsyncEventHandler { member })
+        Ok(AsyncEventHandler {
+            handler: member.handler.clone_ref(py),
+            maxsize: member.maxsize,
+            on_full: member.on_full.as_str(),
+            member,
+        })
     }
 
     /// Queues `event` (a snapshot of it) and returns; see `on_full`.
     fn __call__(&self, py: Python<'_>, event: &Bound<'_, PyAny>) -> PyResult<()> {
         let Ok(typed) = event.cast::<Event>() else {
-            return Err(arg_type_error(
-                "AsyncEventHandler",
-                "event",
-                "a torchmon.Event",
-                event,
-            ));
+            return Err(arg_type_error(CALL, "event", "a torchmon.Event", event));
         };
         let snapshot = Py::new(py, typed.get().snapshot(py))?;
         match self.member.offer(snapshot, detached(py))? {
@@ -258,22 +223,6 @@ impl AsyncEventHandler {
     ) -> PyResult<()> {
         let _ = (exc_type, exc_value, traceback);
         self.close(py)
-    }
-
-    /// The wrapped handler.
-    #[getter]
-    fn handler(&self, py: Python<'_>) -> Py<PyAny> {
-        self.member.handler.clone_ref(py)
-    }
-
-    #[getter]
-    fn maxsize(&self) -> usize {
-        self.member.maxsize
-    }
-
-    #[getter]
-    fn on_full(&self) -> &'static str {
-        self.member.on_full.as_str()
     }
 
     /// Events not delivered: refused while the queue was full (drop mode),

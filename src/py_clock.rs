@@ -15,14 +15,7 @@ use torchmon_core::clock;
 #[pyfunction]
 #[pyo3(signature = (ms))]
 pub fn _set_clock_ms(ms: Option<i64>) -> PyResult<Option<i64>> {
-    if let Some(ms) = ms
-        && ms < clock::MIN_OVERRIDE_MS
-    {
-        return Err(PyValueError::new_err(format!(
-            "the test clock cannot be set before 0 ms (got {ms})"
-        )));
-    }
-    Ok(clock::set_override_ms(ms))
+    clock::set_checked_override_ms(ms).map_err(PyValueError::new_err)
 }
 
 /// The time (ms) Stats read now: the override if set, else the monotonic clock.

@@ -17,13 +17,14 @@ use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
 use pyo3::types::{PyList, PyString, PyTuple};
 use std::ops::Range;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Weak};
 
 use crate::py_registry::Failures;
 use crate::py_stat::StatShared;
 use torchmon_core::recent::Recent;
-use torchmon_core::stat::{Closed, live};
+use torchmon_core::stat::Closed;
+use torchmon_core::stat::live::{self, Segments, segment_ranges};
 
 /// What the store needs from torch and torchmon's Python side, set once
 /// the compile support is installed (torchmon._tensors).
@@ -134,15 +135,9 @@ pub fn _record_cpu_tensors<'py>(
 }
 
 /// The Stats and lengths of a graph's `segments` tuple, parsed once: the
-/// tuple is a constant of the replayed code, the same object at every run.
-/// Weak: a graph does not keep its Stats alive, and a Stat's `live_id` is
-/// never reused, so a Stat that died stays dead.
-struct ParsedSegments {
-    /// The tuple, kept alive (never read) so that its address, the key,
-    /// is not reused by another tuple.
-    _segments: Py<PyTuple>,
-    stats: Vec<(Weak<StatShared>, usize)>,
-}
+/// tuple is a constant of the replayed code, the same object at every run;
+/// kept alive by the parse, so that its address, the key, is not reused.
+type ParsedSegments = Segments<StatShared, Py<PyTuple>>;
 
 /// How many graphs' segments stay parsed; a program that runs more
 /// parses again (a tuple's parse is ~30 ns a segment, its lookup 1-2 ns).
@@ -158,16 +153,9 @@ static PARSED_SEGMENTS: Mutex<Recent<usize, ParsedSegments>> =
 fn stats_of_segments(
     segments: &Bound<'_, PyTuple>,
 ) -> PyResult<Vec<(Option<Arc<StatShared>>, usize)>> {
-    let upgrade = |parsed: &ParsedSegments| {
-        parsed
-            .stats
-            .iter()
-            .map(|(stat, length)| (stat.upgrade(), *length))
-            .collect::<Vec<_>>()
-    };
     let key = segments.as_ptr() as usize;
     if let Some(parsed) = PARSED_SEGMENTS.lock().get(&key) {
-        return Ok(upgrade(parsed));
+        return Ok(parsed.upgrade());
     }
     let mut ids_and_lengths = Vec::with_capacity(segments.len());
     for segment in segments.iter() {
@@ -178,23 +166,12 @@ fn stats_of_segments(
         ids_and_lengths.push((live_id, length));
     }
     let stats = live_stats(ids_and_lengths.iter().map(|(live_id, _)| *live_id));
-    let parsed = ParsedSegments {
-        _segments: segments.clone().unbind(),
-        stats: stats
-            .iter()
-            .zip(&ids_and_lengths)
-            .map(|(stat, (_, length))| {
-                (
-                    stat.as_ref().map_or_else(Weak::new, Arc::downgrade),
-                    *length,
-                )
-            })
-            .collect(),
-    };
-    // `stats` still holds every live one: the upgrades find them all.
-    let found = upgrade(&parsed);
+    let lengths = ids_and_lengths.into_iter().map(|(_, length)| length);
+    let found: Vec<_> = stats.into_iter().zip(lengths).collect();
+    let parsed = ParsedSegments::new(segments.clone().unbind(), &found);
+    // Dropped after the lock: `found` (returned) and the evicted parse.
     let evicted = PARSED_SEGMENTS.lock().insert(key, parsed);
-    drop((evicted, stats));
+    drop(evicted);
     Ok(found)
 }
 
@@ -240,18 +217,13 @@ fn record_cpu_entries<'py>(
             }
             Err(_) => values.push(read.extract::<f64>()?),
         }
-        let mut start = first;
-        for (stat, length) in stats_of_segments(entry_segments)? {
-            let end = start + length;
-            if end > values.len() {
-                return Err(PyValueError::new_err(format!(
-                    "_record_cpu_tensors: segments past the {} staged values",
-                    values.len() - first
-                )));
-            }
-            adds.push((stat, start..end));
-            start = end;
-        }
+        let segments = stats_of_segments(entry_segments)?;
+        let lengths = segments.iter().map(|(_, length)| *length);
+        let Some(ranges) = segment_ranges(first, values.len(), lengths) else {
+            let message = live::segments_past_message(values.len() - first);
+            return Err(PyValueError::new_err(message));
+        };
+        adds.extend(segments.into_iter().map(|(stat, _)| stat).zip(ranges));
     }
     let mut failures = Failures::default();
     // A Stat that no longer lives records nothing.
@@ -327,13 +299,7 @@ pub fn _stat_add_by_id(
             stat.core().now_ms(),
         )),
         Some(times) => {
-            if times.len() != values.len() {
-                return Err(PyValueError::new_err(format!(
-                    "_stat_add_by_id: {} values but {} times",
-                    values.len(),
-                    times.len()
-                )));
-            }
+            live::check_times(values.len(), times.len()).map_err(PyValueError::new_err)?;
             for (&value, &now_ms) in values.iter().zip(&times) {
                 emit(stat.core().add_at(value, now_ms));
             }

@@ -33,6 +33,13 @@ pub fn arg_value_error(call: &str, arg: &str, problem: impl std::fmt::Display) -
     PyValueError::new_err(arg_message(call, arg, problem))
 }
 
+/// Reports `err` to `sys.unraisablehook`, `context` (the hook's
+/// `err_msg` follows it: "Exception ignored in: {context}") naming where it
+/// was raised: for errors with no caller to raise them to.
+pub fn write_unraisable(py: Python<'_>, err: PyErr, context: &str) {
+    err.write_unraisable(py, Some(PyString::new(py, context).as_any()));
+}
+
 pub fn type_name(obj: &Bound<'_, PyAny>) -> String {
     obj.get_type()
         .name()

@@ -12,14 +12,14 @@ use pyo3::prelude::*;
 use pyo3::types::{PyBool, PyBytes, PyDict, PyFloat, PyInt, PyList, PyString, PyTuple, PyType};
 use torchmon_core::decimal::{non_finite, python_repr};
 use torchmon_core::histogram::{
-    self as core, Distribution, DistributionParts, FIELDS, Field, InvalidDistribution, REQUIRED,
+    self as core, Distribution, DistributionParts, FIELDS, FLOAT_TAG, Field, InvalidDict,
+    InvalidDistribution, InvalidPair,
 };
 
 use crate::py_convert::{arg_message, arg_type_error, arg_value_error, type_name};
 
 const CALL: &str = "Distribution";
-/// How a non-finite float is written, as the JSON-lines sink writes a data value.
-const FLOAT_TAG: &str = "$float";
+const FROM_DICT: &str = "Distribution.from_dict";
 
 #[pyclass(name = "Distribution", module = "torchmon", frozen)]
 pub struct PyDistribution {
@@ -29,13 +29,42 @@ pub struct PyDistribution {
     /// a window costs no Python object per bucket unless a handler reads
     /// them, and later reads cost none.
     tuples: [OnceLock<Py<PyTuple>>; 2],
+    // The numbers of `inner`, copied at construction for the getters.
+    #[pyo3(get)]
+    scale: i32,
+    #[pyo3(get)]
+    count: u64,
+    #[pyo3(get)]
+    sum: f64,
+    #[pyo3(get)]
+    min: f64,
+    #[pyo3(get)]
+    max: f64,
+    #[pyo3(get)]
+    zero_count: u64,
+    #[pyo3(get)]
+    nan_count: u64,
+    #[pyo3(get)]
+    positive_inf_count: u64,
+    #[pyo3(get)]
+    negative_inf_count: u64,
 }
 
 impl PyDistribution {
     pub fn from_core(inner: Arc<Distribution>) -> Self {
+        let buckets = &inner.buckets;
         PyDistribution {
-            inner,
             tuples: Default::default(),
+            scale: core::SCALE,
+            count: inner.count,
+            sum: inner.sum,
+            min: inner.min,
+            max: inner.max,
+            zero_count: buckets.zero_count,
+            nan_count: buckets.nan_count,
+            positive_inf_count: buckets.positive_inf_count,
+            negative_inf_count: buckets.negative_inf_count,
+            inner,
         }
     }
 
@@ -120,6 +149,12 @@ fn invalid(error: InvalidDistribution) -> PyErr {
     arg_value_error(CALL, error.argument(), error)
 }
 
+/// The AttributeError of setting or deleting (`verb`) attribute `name`.
+fn immutable(verb: &str, name: &Bound<'_, PyAny>) -> PyResult<PyErr> {
+    let message = core::immutable_message(verb, &name.repr()?.to_cow()?);
+    Ok(PyAttributeError::new_err(message))
+}
+
 fn is_int(value: &Bound<'_, PyAny>) -> bool {
     value.is_instance_of::<PyInt>() && !value.is_instance_of::<PyBool>()
 }
@@ -160,14 +195,14 @@ fn float_arg(value: &Bound<'_, PyAny>, name: &str) -> PyResult<f64> {
         let py = value.py();
         let magnitude = value.call_method0("__abs__")?;
         let digits = if magnitude.lt(PyInt::new(py, 10).pow(4000, py.None())?)? {
-            magnitude.str()?.len()?.to_string()
+            Some(magnitude.str()?.len()?)
         } else {
-            "over 4000".to_owned()
+            None
         };
         Err(arg_value_error(
             CALL,
             name,
-            format_args!("must be within the float range, got an int of {digits} digits"),
+            core::float_range_problem(digits),
         ))
     })
 }
@@ -205,7 +240,7 @@ fn buckets_arg(value: &Bound<'_, PyAny>, name: &'static str) -> PyResult<Vec<(i6
         ));
     }
     let py = value.py();
-    let must_hold = |what: String| PyTypeError::new_err(arg_message(CALL, name, what));
+    let must_hold = |what: InvalidPair| PyTypeError::new_err(arg_message(CALL, name, what));
     let mut out = Vec::new();
     let mut previous = None;
     for pair in value.try_iter()? {
@@ -214,15 +249,15 @@ fn buckets_arg(value: &Bound<'_, PyAny>, name: &'static str) -> PyResult<Vec<(i6
         let items = if exact && pair.len()? == 2 {
             pair
         } else if !is_iterable(&pair)? {
-            let got = type_name(&pair);
-            return Err(must_hold(format!(
-                "must hold (index, count) pairs, not {got}"
-            )));
+            return Err(must_hold(InvalidPair::NotPair {
+                got: type_name(&pair),
+            }));
         } else {
             let items = py.get_type::<PyTuple>().call1((pair,))?;
             if items.len()? != 2 {
-                let got = short_repr(&items)?;
-                let problem = format!("must hold (index, count) pairs, got {got}");
+                let problem = InvalidPair::Length {
+                    got: short_repr(&items)?,
+                };
                 return Err(arg_value_error(CALL, name, problem));
             }
             items
@@ -230,13 +265,11 @@ fn buckets_arg(value: &Bound<'_, PyAny>, name: &'static str) -> PyResult<Vec<(i6
         let (index, count) = (items.get_item(0)?, items.get_item(1)?);
         if !is_int(&index) {
             let got = type_name(&index);
-            return Err(must_hold(format!(
-                "must hold int bucket indices, not {got}"
-            )));
+            return Err(must_hold(InvalidPair::Index { got }));
         }
         if !is_int(&count) {
             let got = type_name(&count);
-            return Err(must_hold(format!("must hold int bucket counts, not {got}")));
+            return Err(must_hold(InvalidPair::Count { got }));
         }
         let pair = core::check_bucket(name, previous, saturated(&index), saturated(&count))
             .map_err(invalid)?;
@@ -259,7 +292,7 @@ fn encode_float(py: Python<'_>, value: f64) -> PyResult<Bound<'_, PyAny>> {
 
 /// `from_dict`'s sum, min or max: a `{"$float": ...}` tag read, anything
 /// else left for the constructor's checks.
-fn decode_float<'py>(value: Bound<'py, PyAny>, name: &str) -> PyResult<Bound<'py, PyAny>> {
+fn decode_float<'py>(value: Bound<'py, PyAny>, key: &'static str) -> PyResult<Bound<'py, PyAny>> {
     let py = value.py();
     let is_tag = value.is_instance(crate::py_objects::mapping_abc(py)?)?
         && value.len()? == 1
@@ -273,14 +306,11 @@ fn decode_float<'py>(value: Bound<'py, PyAny>, name: &str) -> PyResult<Bound<'py
         .ok()
         .and_then(|t| non_finite(&t.to_string()));
     let Some(decoded) = decoded else {
-        let (got, name) = (short_repr(&text)?, PyString::new(py, name).repr()?);
+        let got = short_repr(&text)?;
         return Err(arg_value_error(
-            "Distribution.from_dict",
+            FROM_DICT,
             "d",
-            format_args!(
-                "holds {got} at d[{name}], where {{\"{FLOAT_TAG}\": ...}} \
-                 must be \"nan\", \"inf\" or \"-inf\""
-            ),
+            InvalidDict::FloatTag { got, key },
         ));
     };
     Ok(PyFloat::new(py, decoded).into_any())
@@ -292,39 +322,21 @@ fn keyword_fields<'py>(
     args: &Bound<'py, PyTuple>,
     kwargs: Option<&Bound<'py, PyDict>>,
 ) -> PyResult<[Option<Bound<'py, PyAny>>; 11]> {
-    const WHO: &str = "Distribution.__init__()";
     if !args.is_empty() {
-        let given = args.len() + 1;
-        return Err(PyTypeError::new_err(format!(
-            "{WHO} takes 1 positional argument but {given} were given"
-        )));
+        return Err(PyTypeError::new_err(core::positional_message(args.len())));
     }
     let mut fields: [Option<Bound<'py, PyAny>>; 11] = Default::default();
     for (key, value) in kwargs.into_iter().flatten() {
         let key = key.cast_into::<PyString>()?;
         let Some(slot) = key.to_cow().ok().and_then(|k| core::field_index(&k)) else {
-            return Err(PyTypeError::new_err(format!(
-                "{WHO} got an unexpected keyword argument {}",
-                key.repr()?
-            )));
+            let repr = key.repr()?;
+            let message = core::unexpected_keyword_message(&repr.to_cow()?);
+            return Err(PyTypeError::new_err(message));
         };
         fields[slot] = Some(value);
     }
-    let missing: Vec<String> = REQUIRED
-        .iter()
-        .filter(|name| core::field_index(name).is_some_and(|i| fields[i].is_none()))
-        .map(|name| format!("'{name}'"))
-        .collect();
-    if let Some((last, rest)) = missing.split_last() {
-        let (s, names) = match rest {
-            [] => ("", last.clone()),
-            [one] => ("s", format!("{one} and {last}")),
-            _ => ("s", format!("{}, and {last}", rest.join(", "))),
-        };
-        return Err(PyTypeError::new_err(format!(
-            "{WHO} missing {} required keyword-only argument{s}: {names}",
-            missing.len()
-        )));
+    if let Some(message) = core::missing_message(|i| fields[i].is_some()) {
+        return Err(PyTypeError::new_err(message));
     }
     Ok(fields)
 }
@@ -378,42 +390,6 @@ impl PyDistribution {
     }
 
     #[getter]
-    fn scale(&self) -> i32 {
-        core::SCALE
-    }
-    #[getter]
-    fn count(&self) -> u64 {
-        self.inner.count
-    }
-    #[getter]
-    fn sum(&self) -> f64 {
-        self.inner.sum
-    }
-    #[getter]
-    fn min(&self) -> f64 {
-        self.inner.min
-    }
-    #[getter]
-    fn max(&self) -> f64 {
-        self.inner.max
-    }
-    #[getter]
-    fn zero_count(&self) -> u64 {
-        self.inner.buckets.zero_count
-    }
-    #[getter]
-    fn nan_count(&self) -> u64 {
-        self.inner.buckets.nan_count
-    }
-    #[getter]
-    fn positive_inf_count(&self) -> u64 {
-        self.inner.buckets.positive_inf_count
-    }
-    #[getter]
-    fn negative_inf_count(&self) -> u64 {
-        self.inner.buckets.negative_inf_count
-    }
-    #[getter]
     fn positive<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyTuple>> {
         self.side(py, 0)
     }
@@ -426,15 +402,7 @@ impl PyDistribution {
     fn bucket_bounds(index: &Bound<'_, PyAny>) -> PyResult<(f64, f64)> {
         const WHO: &str = "Distribution.bucket_bounds";
         let index = int_arg(WHO, index, "index")?;
-        let (min, max) = (core::MIN_INDEX, core::MAX_INDEX);
-        i64::try_from(index)
-            .ok()
-            .and_then(core::bucket_bounds)
-            .ok_or_else(|| {
-                let problem =
-                    format!("must be in {min}..{max} (bucket {index} holds no finite double)");
-                arg_value_error(WHO, "index", problem)
-            })
+        core::checked_bucket_bounds(index).map_err(|problem| arg_value_error(WHO, "index", problem))
     }
 
     fn quantile(&self, q: &Bound<'_, PyAny>) -> PyResult<f64> {
@@ -444,10 +412,8 @@ impl PyDistribution {
         }
         // An int past the float range is past 1.
         let value = q.extract::<f64>().unwrap_or(f64::INFINITY);
-        if !(0.0..=1.0).contains(&value) {
-            let problem = format!("must be in [0, 1], got {}", q.repr()?);
-            return Err(arg_value_error(WHO, "q", problem));
-        }
+        let repr = || q.repr().map(|r| r.to_string()).unwrap_or_default();
+        let value = core::check_quantile(value, repr).map_err(|p| arg_value_error(WHO, "q", p))?;
         Ok(self.inner.quantile(value))
     }
 
@@ -472,10 +438,10 @@ impl PyDistribution {
 
     #[classmethod]
     fn from_dict(cls: &Bound<'_, PyType>, d: &Bound<'_, PyAny>) -> PyResult<Self> {
-        const WHO: &str = "Distribution.from_dict";
         let py = cls.py();
+        let invalid = |problem: InvalidDict| arg_value_error(FROM_DICT, "d", problem);
         if !d.is_instance(crate::py_objects::mapping_abc(py)?)? {
-            return Err(arg_type_error(WHO, "d", "a mapping", d));
+            return Err(arg_type_error(FROM_DICT, "d", "a mapping", d));
         }
         for key in d.try_iter()? {
             let key = key?;
@@ -483,25 +449,19 @@ impl PyDistribution {
                 .cast::<PyString>()
                 .is_ok_and(|k| k.to_cow().is_ok_and(|k| FIELDS.contains(&k.as_ref())));
             if !known {
-                let problem = format!("has an unknown key {}", key.repr()?);
-                return Err(arg_value_error(WHO, "d", problem));
+                return Err(invalid(InvalidDict::UnknownKey(key.repr()?.to_string())));
             }
         }
-        for key in REQUIRED {
+        for key in core::REQUIRED {
             if !d.contains(key)? {
-                return Err(arg_value_error(
-                    WHO,
-                    "d",
-                    format!("is missing the key '{key}'"),
-                ));
+                return Err(invalid(InvalidDict::MissingKey(key)));
             }
         }
         let mut fields: [Option<Bound<'_, PyAny>>; 11] = Default::default();
         for (slot, name) in fields.iter_mut().zip(FIELDS) {
             if d.contains(name)? {
                 let value = d.get_item(name)?;
-                let is_float = matches!(name, "sum" | "min" | "max");
-                *slot = Some(if is_float {
+                *slot = Some(if core::is_float_field(name) {
                     decode_float(value, name)?
                 } else {
                     value
@@ -520,17 +480,11 @@ impl PyDistribution {
     }
 
     fn __setattr__(&self, name: &Bound<'_, PyAny>, _value: &Bound<'_, PyAny>) -> PyResult<()> {
-        Err(PyAttributeError::new_err(format!(
-            "Distribution is immutable: cannot set {}",
-            name.repr()?
-        )))
+        Err(immutable("set", name)?)
     }
 
     fn __delattr__(&self, name: &Bound<'_, PyAny>) -> PyResult<()> {
-        Err(PyAttributeError::new_err(format!(
-            "Distribution is immutable: cannot delete {}",
-            name.repr()?
-        )))
+        Err(immutable("delete", name)?)
     }
 
     /// Pickled as before the type was native, `_restore(scale, count, ...)`,
@@ -569,28 +523,14 @@ impl PyDistribution {
     /// The bucket of `|value|` (finite, not zero).
     #[staticmethod]
     fn _bucket_index(value: f64) -> PyResult<i32> {
-        if value == 0.0 || !value.is_finite() {
-            let problem = format!("must be finite and not zero, got {value}");
-            return Err(arg_value_error(
-                "Distribution._bucket_index",
-                "value",
-                problem,
-            ));
-        }
-        Ok(core::bucket_index(value.abs().to_bits()))
+        core::checked_bucket_index(value)
+            .map_err(|p| arg_value_error("Distribution._bucket_index", "value", p))
     }
 
     /// The value a quantile reports for positive bucket `index`.
     #[staticmethod]
     fn _representative(index: i32) -> PyResult<f64> {
-        if !(core::MIN_INDEX..=core::MAX_INDEX).contains(&index) {
-            let problem = format!("must be in {}..{}", core::MIN_INDEX, core::MAX_INDEX);
-            return Err(arg_value_error(
-                "Distribution._representative",
-                "index",
-                problem,
-            ));
-        }
-        Ok(core::representative(index))
+        core::checked_representative(index)
+            .map_err(|p| arg_value_error("Distribution._representative", "index", p))
     }
 }

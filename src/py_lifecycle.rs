@@ -76,7 +76,7 @@ pub fn _flush_all_stats(py: Python<'_>) {
     }
     emit_open_windows(py, |err, name| {
         let context = format!("torchmon.Stat({name}) flushing its window at interpreter exit");
-        err.write_unraisable(py, Some(pyo3::types::PyString::new(py, &context).as_any()));
+        crate::py_convert::write_unraisable(py, err, &context);
     });
     crate::py_stat::mark_exited();
     wait_counters::finish_exit(py);

@@ -6,6 +6,8 @@ use pyo3::prelude::*;
 use crate::py_convert::arg_type_error;
 use crate::py_event::Event;
 use crate::py_gil_cell::GilCell;
+use std::time::Duration;
+use torchmon_core::exit_gate;
 use torchmon_core::registry::Registry;
 
 /// A registered callback. `unregister_event_handler` takes it out, so that
@@ -45,9 +47,12 @@ mod published {
         list: Py<DispatchList>,
     }
 
-    impl Handlers {
+    /// Read as the registry's snapshot, as on free-threaded builds.
+    impl std::ops::Deref for Handlers {
+        type Target = Snapshot<Callback>;
+
         #[inline]
-        pub fn snapshot(&self) -> &Snapshot<Callback> {
+        fn deref(&self) -> &Snapshot<Callback> {
             &self.list.get().snapshot
         }
     }
@@ -94,16 +99,7 @@ mod published {
     use torchmon_core::registry::Snapshot;
 
     /// The handlers to call for one event, in registration order.
-    pub struct Handlers {
-        list: Snapshot<Callback>,
-    }
-
-    impl Handlers {
-        #[inline]
-        pub fn snapshot(&self) -> &Snapshot<Callback> {
-            &self.list
-        }
-    }
+    pub type Handlers = Snapshot<Callback>;
 
     /// Nothing is published, so nothing is replaced.
     pub type Republished = ();
@@ -113,7 +109,7 @@ mod published {
     /// The handlers registered now (`None`: there are none).
     #[inline]
     pub fn current(_py: Python<'_>) -> Option<Handlers> {
-        HANDLERS.snapshot().map(|list| Handlers { list })
+        HANDLERS.snapshot()
     }
 
     /// Dispatch reads the registry directly: nothing to publish.
@@ -122,81 +118,18 @@ mod published {
     }
 }
 
-/// The exit gate as dispatch and the exit step use it: one variant for the
-/// CPython versions that need it, one for those that do not.
-///
-/// The gate is closed at interpreter exit (see `exit_gate`). CPython 3.14
-/// hangs late threads instead of ending them with `pthread_exit`
-/// (gh-87135), so from 3.14 on the gate is not used; PyO3 supports
-/// free-threaded builds only from 3.14.
+/// The exit gate (see `exit_gate`), closed at interpreter exit: the core's
+/// `ExitGate` for the CPython versions that need it, its `NoGate` for those
+/// that do not (from 3.14 on, which hangs late threads instead of ending them
+/// with `pthread_exit`: gh-87135). PyO3 supports free-threaded builds only
+/// from 3.14.
 #[cfg(not(Py_3_14))]
-mod gate {
-    use pyo3::prelude::*;
-    use std::time::Duration;
-    use torchmon_core::exit_gate::{ExitGate, Running};
-
-    static EXIT_GATE: ExitGate = ExitGate::new();
-
-    /// How long the exiting thread waits for other threads' dispatches to end.
-    const EXIT_WAIT: Duration = Duration::from_secs(2);
-
-    /// Marks a dispatch as running until the guard is dropped.
-    #[inline]
-    pub fn enter() -> Running<'static> {
-        #[cfg(not(Py_GIL_DISABLED))]
-        {
-            EXIT_GATE.enter_serialised() // dispatch holds the GIL
-        }
-        #[cfg(Py_GIL_DISABLED)]
-        {
-            EXIT_GATE.enter()
-        }
-    }
-
-    #[inline]
-    pub fn admits_current_thread() -> bool {
-        EXIT_GATE.admits_current_thread()
-    }
-
-    pub fn close_and_wait(py: Python<'_>) -> bool {
-        EXIT_GATE.close();
-        py.detach(|| EXIT_GATE.wait_idle(EXIT_WAIT))
-    }
-
-    pub fn state() -> (bool, usize, u64) {
-        (
-            EXIT_GATE.is_closed(),
-            EXIT_GATE.running(),
-            EXIT_GATE.skipped(),
-        )
-    }
-}
-
+static EXIT_GATE: exit_gate::ExitGate = exit_gate::ExitGate::new();
 #[cfg(Py_3_14)]
-mod gate {
-    use pyo3::prelude::*;
+static EXIT_GATE: exit_gate::NoGate = exit_gate::NoGate;
 
-    /// Nothing to mark: no gate.
-    pub struct Running;
-
-    #[inline]
-    pub fn enter() -> Running {
-        Running
-    }
-
-    #[inline]
-    pub fn admits_current_thread() -> bool {
-        true
-    }
-
-    pub fn close_and_wait(_py: Python<'_>) -> bool {
-        true
-    }
-
-    pub fn state() -> (bool, usize, u64) {
-        (false, 0, 0)
-    }
-}
+/// How long the exiting thread waits for other threads' dispatches to end.
+const EXIT_WAIT: Duration = Duration::from_secs(2);
 
 // What dispatch reads, from this build's `published`: the handlers registered
 // now (`None`: none), and the type made at import (see `py_objects`).
@@ -325,14 +258,18 @@ pub fn dispatch<'py>(
     handlers: &Handlers,
     mut event_for: impl FnMut(usize) -> PyResult<Bound<'py, PyAny>>,
 ) -> PyResult<()> {
-    let _running = gate::enter();
+    // Marks the dispatch as running until `_running` is dropped.
+    #[cfg(not(Py_GIL_DISABLED))]
+    let _running = EXIT_GATE.enter_serialised(); // dispatch holds the GIL
+    #[cfg(Py_GIL_DISABLED)]
+    let _running = EXIT_GATE.enter();
     let mut failures = Failures::default();
     let mut started = 0;
-    for entry in handlers.snapshot().iter() {
+    for entry in handlers.iter() {
         if !entry.is_active() {
             continue;
         }
-        if !gate::admits_current_thread() {
+        if !EXIT_GATE.admits_current_thread() {
             continue;
         }
         // `None`: on free-threaded builds, another thread unregistered it
@@ -357,13 +294,14 @@ pub fn dispatch<'py>(
 /// for the other threads' dispatches to end. Returns whether they all did.
 #[pyfunction]
 pub fn _close_exit_gate(py: Python<'_>) -> bool {
-    gate::close_and_wait(py)
+    EXIT_GATE.close();
+    py.detach(|| EXIT_GATE.wait_idle(EXIT_WAIT))
 }
 
 /// For tests: (gate closed, dispatches running, handler calls skipped).
 #[pyfunction]
 pub fn _exit_gate_state() -> (bool, usize, u64) {
-    gate::state()
+    EXIT_GATE.state()
 }
 
 /// For tests and diagnostics: the number of registered handlers.

@@ -103,11 +103,8 @@ impl StatShared {
         if let Some(window) = self.core.flush()
             && let Err(err) = self.emit_window(py, &window)
         {
-            let context = PyString::new(
-                py,
-                &format!("torchmon.Stat({}) {context}", self.name.bind(py)),
-            );
-            err.write_unraisable(py, Some(context.as_any()));
+            let context = format!("torchmon.Stat({}) {context}", self.name.bind(py));
+            crate::py_convert::write_unraisable(py, err, &context);
         }
     }
 }

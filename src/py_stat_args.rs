@@ -12,7 +12,7 @@ use crate::py_convert::{
     Given, Surrogates, arg_type_error, arg_value_error, string_arg, type_name,
 };
 use torchmon_core::aggregation::Aggregation;
-use torchmon_core::stat::MAX_NAME_CHARS;
+use torchmon_core::stat::check_name_length;
 
 /// A `Stat`'s arguments, checked.
 pub struct StatArgs<'py> {
@@ -38,17 +38,7 @@ pub fn stat_args<'py>(
         Some(value) => max_samples_arg(value.bind(name.py()))?,
     };
     let name = string_arg(name, "Stat(name): name", Surrogates::TypeError)?;
-    let length = name.len()?;
-    if length > MAX_NAME_CHARS {
-        return Err(arg_value_error(
-            "Stat",
-            "name",
-            format_args!(
-                "must be at most {MAX_NAME_CHARS} characters (the sinks' metric \
-                 names are made from it), got {length}"
-            ),
-        ));
-    }
+    check_name_length(name.len()?).map_err(|problem| arg_value_error("Stat", "name", problem))?;
     let window_ms = window_ms("Stat", "window_size", window, WindowRule::Torch)?;
     Ok(StatArgs {
         name,

@@ -13,13 +13,13 @@ use pyo3::types::{PyDict, PyString};
 use std::ffi::c_char;
 use std::time::Duration;
 
-use crate::py_convert::arg_value_error;
+use crate::py_convert::write_unraisable;
 use crate::py_registry::{Failures, current_handlers};
 use crate::py_stat::WindowOwner;
 use crate::py_window_event::dispatch_window_event;
 use torchmon_core::stat::WindowStats;
 use torchmon_core::wait_counter::{
-    self as core, AGGREGATIONS, ClosedWindow, Counter, QUEUE_CAPACITY, WaitCounterDynamicBackend,
+    self as core, AGGREGATIONS, ClosedWindow, Counter, WaitCounterDynamicBackend,
 };
 use torchmon_core::worker::{Flow, Sink};
 
@@ -52,14 +52,11 @@ impl Sink<ClosedWindow> for Deliver {
         Python::try_attach(|py| {
             for ClosedWindow { counter, window } in items {
                 if let Err(err) = counter.emit_window(py, &window) {
-                    let context = PyString::new(
-                        py,
-                        &format!(
-                            "torchmon: a handler of the wait counter Stat '{}'",
-                            counter.name()
-                        ),
+                    let context = format!(
+                        "torchmon: a handler of the wait counter Stat '{}'",
+                        counter.name()
                     );
-                    err.write_unraisable(py, Some(context.as_any()));
+                    write_unraisable(py, err, &context);
                 }
             }
             Flow::Continue
@@ -117,10 +114,7 @@ pub fn emit_queued(py: Python<'_>, failures: &mut Failures, timeout: Duration) -
 /// handlers. Reported where the queue is emptied (flush and exit): the
 /// thread that finds it full has no caller to warn.
 fn warn_dropped(py: Python<'_>, dropped: u64) {
-    let message = format!(
-        "torchmon: {dropped} torch wait counter window(s) dropped: the event handlers \
-         fell behind and {QUEUE_CAPACITY} windows were already waiting for them"
-    );
+    let message = core::dropped_message(dropped);
     let category = py.get_type::<pyo3::exceptions::PyRuntimeWarning>();
     if let Ok(message) = std::ffi::CString::new(message)
         && let Err(err) = PyErr::warn(py, &category, &message, 0)
@@ -140,30 +134,11 @@ pub fn finish_exit(py: Python<'_>) {
 }
 
 /// Turns recording on for counters created from now on, with windows of
-/// `window_ms`. `ValueError` if it is on with another window.
-///
-/// `window_ms` comes from the one window rule (`py_clock::window_ms`, through
-/// `_core._window_ms` in `record_wait_counters`): at least 1 ms. The check
-/// below only keeps a direct call from storing 0 (which means "off") or a
-/// negative window; it is not where `window_size` is validated.
+/// `window_ms` (from the window rule: `py_clock::window_ms`). `ValueError`
+/// below 1 ms or if it is on with another window (`core::enable_checked`).
 #[pyfunction]
 pub fn _enable_torch_wait_counters(window_ms: i64) -> PyResult<()> {
-    if window_ms < 1 {
-        return Err(PyValueError::new_err(format!(
-            "_enable_torch_wait_counters: window_ms must be at least 1, got {window_ms} \
-             (record_wait_counters validates window_size first)"
-        )));
-    }
-    core::enable(window_ms).map_err(|current| {
-        arg_value_error(
-            "record_wait_counters",
-            "window_size",
-            format_args!(
-                "must match the window wait counters are already recorded with \
-                 ({current} ms), not {window_ms} ms"
-            ),
-        )
-    })
+    core::enable_checked(window_ms).map_err(PyValueError::new_err)
 }
 
 /// Turns recording off for counters created from now on (a failed

@@ -168,6 +168,18 @@ impl Aggregation {
     pub fn key_suffix(self) -> &'static str {
         self.row().key_suffix
     }
+
+    /// The member's repr, as a Python enum's: `<Aggregation.SUM: 4>`.
+    pub fn repr(self) -> String {
+        format!("<Aggregation.{}: {}>", self.name(), self as i64)
+    }
+
+    /// The `ValueError` message of a value that is no member's; `repr` is
+    /// the value's Python repr.
+    pub fn invalid_value_message(repr: &str) -> String {
+        let (first, last) = Self::VALUE_RANGE;
+        format!("{repr} is not a valid Aggregation (valid values: {first} to {last})")
+    }
 }
 
 #[cfg(test)]
@@ -179,6 +191,11 @@ mod tests {
         let values: Vec<i64> = TABLE.iter().map(|r| r.aggregation as i64).collect();
         assert_eq!(values, [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12]);
         assert_eq!(Aggregation::VALUE_RANGE, (1, 12));
+        assert_eq!(Aggregation::Sum.repr(), "<Aggregation.SUM: 4>");
+        assert_eq!(
+            Aggregation::invalid_value_message("13"),
+            "13 is not a valid Aggregation (valid values: 1 to 12)"
+        );
         assert_eq!(Aggregation::from_value(4), Some(Aggregation::Sum));
         assert_eq!(Aggregation::from_value(0), None);
         assert_eq!(Aggregation::from_value(7), Some(Aggregation::Stddev));

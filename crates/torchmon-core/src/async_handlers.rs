@@ -71,6 +71,46 @@ impl OnFull {
     }
 }
 
+/// The `maxsize` of a handler made without one.
+pub const DEFAULT_MAXSIZE: usize = 1024;
+
+/// The `maxsize` rule: 1 to `MAX_QUEUE` (`None`: an int past `i64`). The
+/// problem is worded to follow the argument's name; `repr` writes the
+/// argument as Python does.
+pub fn check_maxsize(value: Option<i64>, repr: impl FnOnce() -> String) -> Result<usize, String> {
+    match value.map(usize::try_from) {
+        Some(Ok(n)) if (1..=MAX_QUEUE).contains(&n) => Ok(n),
+        _ => Err(format!("must be between 1 and {MAX_QUEUE}, got {}", repr())),
+    }
+}
+
+/// The `on_full` rule: "drop" or "block"; the problem as for `check_maxsize`.
+pub fn check_on_full(text: &str) -> Result<OnFull, String> {
+    OnFull::parse(text).ok_or_else(|| format!("must be \"drop\" or \"block\", got {text:?}"))
+}
+
+/// The `RuntimeError` message of a handler whose worker thread cannot start.
+pub fn worker_start_message(err: impl std::fmt::Display) -> String {
+    format!("AsyncEventHandler: cannot start its worker thread: {err}")
+}
+
+/// The `RuntimeError` message of `flush()` or `close()` (`method`) called
+/// from the handler's own worker thread, which would wait for itself.
+pub fn own_thread_message(method: &str) -> String {
+    format!("AsyncEventHandler.{method}() called from its own handler would wait for itself")
+}
+
+/// `timeout` seconds from now: `None` (no limit) for a time too long to
+/// represent; the problem, for a negative or NaN one, as for `check_maxsize`.
+pub fn deadline_in(seconds: f64) -> Result<Option<Instant>, String> {
+    if seconds.is_nan() || seconds < 0.0 {
+        return Err(format!("must be >= 0 seconds, got {seconds}"));
+    }
+    Ok(Duration::try_from_secs_f64(seconds)
+        .ok()
+        .and_then(|t| Instant::now().checked_add(t)))
+}
+
 /// What became of an offered item.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Offered {
@@ -425,6 +465,52 @@ mod tests {
     use std::sync::mpsc;
 
     const LONG: Duration = Duration::from_secs(10);
+
+    #[test]
+    fn runtime_errors_are_worded_for_the_method() {
+        assert_eq!(
+            worker_start_message("out of threads"),
+            "AsyncEventHandler: cannot start its worker thread: out of threads"
+        );
+        assert_eq!(
+            own_thread_message("flush"),
+            "AsyncEventHandler.flush() called from its own handler would wait for itself"
+        );
+    }
+
+    #[test]
+    fn argument_rules_word_their_problems() {
+        let repr = |text: &str| {
+            let text = text.to_owned();
+            move || text
+        };
+        assert_eq!(check_maxsize(Some(1), repr("1")), Ok(1));
+        assert_eq!(
+            check_maxsize(Some(MAX_QUEUE as i64), repr("")),
+            Ok(MAX_QUEUE)
+        );
+        for (value, text) in [(Some(0), "0"), (Some(-1), "-1"), (None, "2**70")] {
+            assert_eq!(
+                check_maxsize(value, repr(text)),
+                Err(format!("must be between 1 and {MAX_QUEUE}, got {text}"))
+            );
+        }
+        assert!(check_maxsize(Some(MAX_QUEUE as i64 + 1), repr("")).is_err());
+        assert_eq!(check_on_full("block"), Ok(OnFull::Block));
+        assert_eq!(
+            check_on_full("wait"),
+            Err("must be \"drop\" or \"block\", got \"wait\"".to_owned())
+        );
+        assert_eq!(
+            deadline_in(-1.0),
+            Err("must be >= 0 seconds, got -1".to_owned())
+        );
+        assert!(deadline_in(f64::NAN).is_err());
+        assert_eq!(deadline_in(f64::INFINITY), Ok(None));
+        assert_eq!(deadline_in(1e300), Ok(None));
+        let soon = deadline_in(1.0).unwrap().expect("a deadline");
+        assert!(soon > Instant::now());
+    }
 
     /// Sends every item to `out`, holding while `gate` is locked.
     struct Collect {

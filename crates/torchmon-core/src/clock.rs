@@ -119,6 +119,17 @@ pub fn set_override_ms(ms: Option<i64>) -> Option<i64> {
 /// Smallest value an override may take: the sentinel is reserved.
 pub const MIN_OVERRIDE_MS: i64 = 0;
 
+/// `set_override_ms` for `_set_clock_ms`: a time below `MIN_OVERRIDE_MS` is
+/// refused, with the message of its `ValueError`, and changes nothing.
+pub fn set_checked_override_ms(ms: Option<i64>) -> Result<Option<i64>, String> {
+    match ms {
+        Some(ms) if ms < MIN_OVERRIDE_MS => Err(format!(
+            "the test clock cannot be set before 0 ms (got {ms})"
+        )),
+        _ => Ok(set_override_ms(ms)),
+    }
+}
+
 /// A window size given as a float number of seconds, in whole milliseconds:
 /// the shortest decimal that reads back as `seconds` (the digits Python's
 /// `repr` prints: `1.001`), times 1000, truncated toward zero. The float
@@ -159,6 +170,16 @@ pub fn seconds_to_ms(seconds: f64) -> i128 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_override_before_zero_is_refused_and_changes_nothing() {
+        let before = OVERRIDE_MS.load(Ordering::Relaxed);
+        assert_eq!(
+            set_checked_override_ms(Some(-1)),
+            Err("the test clock cannot be set before 0 ms (got -1)".to_owned())
+        );
+        assert_eq!(OVERRIDE_MS.load(Ordering::Relaxed), before);
+    }
 
     #[test]
     fn seconds_to_ms_truncates_the_decimal_that_repr_shows() {

@@ -129,6 +129,49 @@ impl ExitGate {
     pub fn skipped(&self) -> u64 {
         self.skipped.load(Ordering::Relaxed)
     }
+
+    /// For tests: (closed, dispatches running, handler calls skipped).
+    pub fn state(&self) -> (bool, usize, u64) {
+        (self.is_closed(), self.running(), self.skipped())
+    }
+}
+
+/// The gate of the interpreters that need none: CPython 3.14 hangs late
+/// threads instead of ending them with `pthread_exit` (gh-87135). The same
+/// calls as `ExitGate`'s, so that the binding picks one or the other with a
+/// single `cfg`: nothing is marked, every thread is admitted, closing
+/// changes nothing and there is never a dispatch to wait for.
+pub struct NoGate;
+
+/// `NoGate`'s running dispatch: nothing to end.
+pub struct NotRunning;
+
+impl NoGate {
+    #[inline]
+    pub fn enter(&self) -> NotRunning {
+        NotRunning
+    }
+
+    #[inline]
+    pub fn enter_serialised(&self) -> NotRunning {
+        NotRunning
+    }
+
+    #[inline]
+    pub fn admits_current_thread(&self) -> bool {
+        true
+    }
+
+    pub fn close(&self) {}
+
+    pub fn wait_idle(&self, _timeout: Duration) -> bool {
+        true
+    }
+
+    /// Never closed, nothing running, nothing skipped.
+    pub fn state(&self) -> (bool, usize, u64) {
+        (false, 0, 0)
+    }
 }
 
 /// A running dispatch; dropping it (also when unwinding) ends it.
@@ -211,7 +254,19 @@ mod tests {
         assert!(gate.wait_idle(Duration::from_secs(30)));
         assert_eq!(gate.running(), 0);
         assert!(!worker.join().unwrap());
-        assert_eq!(gate.skipped(), 1);
+        assert_eq!(gate.state(), (true, 0, 1));
+    }
+
+    #[test]
+    fn no_gate_admits_every_thread_and_never_closes() {
+        let gate = NoGate;
+        let _running = gate.enter_serialised();
+        gate.close();
+        assert!(gate.admits_current_thread());
+        let refused = thread::spawn(|| NoGate.admits_current_thread());
+        assert!(refused.join().unwrap());
+        assert!(gate.wait_idle(Duration::ZERO));
+        assert_eq!(gate.state(), (false, 0, 0));
     }
 
     #[test]

@@ -97,6 +97,39 @@ pub fn enable(window_ms: i64) -> Result<(), i64> {
     }
 }
 
+/// `enable` as `_enable_torch_wait_counters` calls it: its refusals as the
+/// messages of its `ValueError`s. `window_ms` comes from the one window rule
+/// (through `_core._window_ms` in `record_wait_counters`): at least 1 ms. The
+/// check below 1 only keeps a direct call from storing 0 (which means "off")
+/// or a negative window; it is not where `window_size` is validated.
+pub fn enable_checked(window_ms: i64) -> Result<(), String> {
+    if window_ms < 1 {
+        return Err(format!(
+            "_enable_torch_wait_counters: window_ms must be at least 1, got {window_ms} \
+             (record_wait_counters validates window_size first)"
+        ));
+    }
+    enable(window_ms).map_err(|current| window_mismatch_message(current, window_ms))
+}
+
+/// The refusal of `window_ms` while counters are recorded with `current`,
+/// worded as the argument error of `record_wait_counters(window_size)`.
+fn window_mismatch_message(current: i64, window_ms: i64) -> String {
+    format!(
+        "record_wait_counters(window_size): window_size must match the window wait \
+         counters are already recorded with ({current} ms), not {window_ms} ms"
+    )
+}
+
+/// The `RuntimeWarning` message of `dropped` windows that never reached the
+/// handlers (the queue was full).
+pub fn dropped_message(dropped: u64) -> String {
+    format!(
+        "torchmon: {dropped} torch wait counter window(s) dropped: the event handlers \
+         fell behind and {QUEUE_CAPACITY} windows were already waiting for them"
+    )
+}
+
 /// Turns recording off for counters created from now on.
 pub fn disable() {
     WINDOW_MS.store(0, Ordering::SeqCst);
@@ -336,5 +369,32 @@ pub fn finish_exit() {
         if !queue.finish_close(Duration::ZERO) {
             drop(queue.take_thread());
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn refusals_and_warnings_are_worded_for_python() {
+        assert_eq!(
+            enable_checked(0),
+            Err(
+                "_enable_torch_wait_counters: window_ms must be at least 1, got 0 \
+                 (record_wait_counters validates window_size first)"
+                    .to_owned()
+            )
+        );
+        assert_eq!(
+            window_mismatch_message(1000, 500),
+            "record_wait_counters(window_size): window_size must match the window wait \
+             counters are already recorded with (1000 ms), not 500 ms"
+        );
+        assert_eq!(
+            dropped_message(3),
+            "torchmon: 3 torch wait counter window(s) dropped: the event handlers fell \
+             behind and 1024 windows were already waiting for them"
+        );
     }
 }

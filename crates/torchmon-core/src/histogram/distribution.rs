@@ -592,3 +592,158 @@ fn merge_counts(a: &[(i32, u64)], b: &[(i32, u64)]) -> Option<Vec<(i32, u64)>> {
     out.extend_from_slice(&b[j..]);
     Some(out)
 }
+
+/// How `to_dict` writes a non-finite sum, min or max, `{"$float": "nan"}`,
+/// as the JSON-lines sink writes a data value; `from_dict` reads it back.
+pub const FLOAT_TAG: &str = "$float";
+
+/// What the binding calls `Distribution.__init__()` in the errors CPython
+/// would raise for a Python function with its signature.
+const INIT: &str = "Distribution.__init__()";
+
+/// The `TypeError` message of positional arguments (`given` of them): the
+/// constructor takes keywords only.
+pub fn positional_message(given: usize) -> String {
+    let given = given + 1; // `self`, as CPython counts
+    format!("{INIT} takes 1 positional argument but {given} were given")
+}
+
+/// The `AttributeError` message of setting (`verb` "set") or deleting
+/// ("delete") the attribute `name_repr` (its Python repr): a Distribution
+/// is immutable.
+pub fn immutable_message(verb: &str, name_repr: &str) -> String {
+    format!("Distribution is immutable: cannot {verb} {name_repr}")
+}
+
+/// The problem of an int float argument past the float range, `digits`
+/// long (`None`: over 4000 digits, too many to count), worded to follow
+/// the argument's name.
+pub fn float_range_problem(digits: Option<usize>) -> String {
+    let digits = digits.map_or("over 4000".to_owned(), |n| n.to_string());
+    format!("must be within the float range, got an int of {digits} digits")
+}
+
+/// The `TypeError` message of a keyword that is not a field; `repr` is the
+/// keyword's Python repr.
+pub fn unexpected_keyword_message(repr: &str) -> String {
+    format!("{INIT} got an unexpected keyword argument {repr}")
+}
+
+/// The `TypeError` message of the `REQUIRED` fields not given (`given(i)`:
+/// whether the field at `FIELDS[i]` was), worded as CPython words missing
+/// keyword-only arguments; `None` when none is missing.
+pub fn missing_message(given: impl Fn(usize) -> bool) -> Option<String> {
+    let missing: Vec<String> = REQUIRED
+        .iter()
+        .filter(|name| field_index(name).is_some_and(|i| !given(i)))
+        .map(|name| format!("'{name}'"))
+        .collect();
+    let (last, rest) = missing.split_last()?;
+    let (s, names) = match rest {
+        [] => ("", last.clone()),
+        [one] => ("s", format!("{one} and {last}")),
+        _ => ("s", format!("{}, and {last}", rest.join(", "))),
+    };
+    let count = missing.len();
+    Some(format!(
+        "{INIT} missing {count} required keyword-only argument{s}: {names}"
+    ))
+}
+
+/// Why `from_dict`'s mapping was refused, before the constructor's checks:
+/// worded to follow its argument's name, `d`.
+#[derive(Clone, Debug, PartialEq)]
+pub enum InvalidDict {
+    /// A key that is not a field; its Python repr.
+    UnknownKey(String),
+    /// A `REQUIRED` field's key missing.
+    MissingKey(&'static str),
+    /// A `{"$float": ...}` tag at `key` holding `got` (its short repr), not
+    /// "nan", "inf" or "-inf".
+    FloatTag { got: String, key: &'static str },
+}
+
+impl fmt::Display for InvalidDict {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::UnknownKey(repr) => write!(f, "has an unknown key {repr}"),
+            Self::MissingKey(key) => write!(f, "is missing the key '{key}'"),
+            Self::FloatTag { got, key } => write!(
+                f,
+                "holds {got} at d['{key}'], where {{\"{FLOAT_TAG}\": ...}} \
+                 must be \"nan\", \"inf\" or \"-inf\""
+            ),
+        }
+    }
+}
+
+/// Whether the field `name` is a float (`sum`, `min`, `max`), which
+/// `to_dict` may write as a `FLOAT_TAG` tag.
+pub fn is_float_field(name: &str) -> bool {
+    matches!(name, "sum" | "min" | "max")
+}
+
+/// Why an item of `positive` or `negative` is not an `(index, count)` pair
+/// of ints (its values are `check_bucket`'s): a `TypeError` but for
+/// `Length`. Worded to follow the argument's name; `got` is the item's (or
+/// the index's, the count's) Python type name, or for `Length` its short
+/// repr.
+#[derive(Clone, Debug, PartialEq)]
+pub enum InvalidPair {
+    /// Not an iterable.
+    NotPair { got: String },
+    /// An iterable of other than two items.
+    Length { got: String },
+    /// An index that is not an int.
+    Index { got: String },
+    /// A count that is not an int.
+    Count { got: String },
+}
+
+impl fmt::Display for InvalidPair {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::NotPair { got } => write!(f, "must hold (index, count) pairs, not {got}"),
+            Self::Length { got } => write!(f, "must hold (index, count) pairs, got {got}"),
+            Self::Index { got } => write!(f, "must hold int bucket indices, not {got}"),
+            Self::Count { got } => write!(f, "must hold int bucket counts, not {got}"),
+        }
+    }
+}
+
+/// `Distribution.bucket_bounds(index)`: the bounds of positive bucket
+/// `index`, or the problem with `index` (worded to follow its name).
+pub fn checked_bucket_bounds(index: i128) -> Result<(f64, f64), String> {
+    i64::try_from(index)
+        .ok()
+        .and_then(super::bucket_bounds)
+        .ok_or_else(|| {
+            format!("must be in {MIN_INDEX}..{MAX_INDEX} (bucket {index} holds no finite double)")
+        })
+}
+
+/// A quantile's `q`: in [0, 1]. The problem names `repr`, `q`'s Python repr.
+pub fn check_quantile(q: f64, repr: impl FnOnce() -> String) -> Result<f64, String> {
+    if (0.0..=1.0).contains(&q) {
+        Ok(q)
+    } else {
+        Err(format!("must be in [0, 1], got {}", repr()))
+    }
+}
+
+/// The bucket of `|value|` (finite, not zero), or the problem with `value`.
+pub fn checked_bucket_index(value: f64) -> Result<i32, String> {
+    if value == 0.0 || !value.is_finite() {
+        return Err(format!("must be finite and not zero, got {value}"));
+    }
+    Ok(bucket_index(value.abs().to_bits()))
+}
+
+/// The value a quantile reports for positive bucket `index`, or the problem
+/// with `index`.
+pub fn checked_representative(index: i32) -> Result<f64, String> {
+    if !(MIN_INDEX..=MAX_INDEX).contains(&index) {
+        return Err(format!("must be in {MIN_INDEX}..{MAX_INDEX}"));
+    }
+    Ok(representative(index))
+}

@@ -891,3 +891,125 @@ fn exponential_halves_the_scale_until_each_sign_fits() {
         }
     );
 }
+
+#[test]
+fn attribute_and_float_range_errors_are_worded_for_python() {
+    assert_eq!(
+        immutable_message("delete", "'sum'"),
+        "Distribution is immutable: cannot delete 'sum'"
+    );
+    assert_eq!(
+        float_range_problem(Some(400)),
+        "must be within the float range, got an int of 400 digits"
+    );
+    assert_eq!(
+        float_range_problem(None),
+        "must be within the float range, got an int of over 4000 digits"
+    );
+}
+
+#[test]
+fn constructor_keyword_errors_are_worded_as_cpython_words_them() {
+    assert_eq!(
+        positional_message(2),
+        "Distribution.__init__() takes 1 positional argument but 3 were given"
+    );
+    assert_eq!(
+        unexpected_keyword_message("'x'"),
+        "Distribution.__init__() got an unexpected keyword argument 'x'"
+    );
+    let given = |names: &[&str]| {
+        let names: Vec<usize> = names.iter().filter_map(|n| field_index(n)).collect();
+        missing_message(move |i| names.contains(&i))
+    };
+    assert_eq!(given(&["count", "sum", "min", "max"]), None);
+    assert_eq!(
+        given(&["count", "sum", "min"]).as_deref(),
+        Some("Distribution.__init__() missing 1 required keyword-only argument: 'max'")
+    );
+    assert_eq!(
+        given(&["count", "sum"]).as_deref(),
+        Some("Distribution.__init__() missing 2 required keyword-only arguments: 'min' and 'max'")
+    );
+    assert_eq!(
+        given(&[]).as_deref(),
+        Some(
+            "Distribution.__init__() missing 4 required keyword-only arguments: \
+             'count', 'sum', 'min', and 'max'"
+        )
+    );
+}
+
+#[test]
+fn dict_and_pair_problems_follow_the_argument_name() {
+    assert_eq!(
+        InvalidDict::UnknownKey("'x'".into()).to_string(),
+        "has an unknown key 'x'"
+    );
+    assert_eq!(
+        InvalidDict::MissingKey("sum").to_string(),
+        "is missing the key 'sum'"
+    );
+    let tag = InvalidDict::FloatTag {
+        got: "'NaN'".into(),
+        key: "min",
+    };
+    assert_eq!(
+        tag.to_string(),
+        "holds 'NaN' at d['min'], where {\"$float\": ...} must be \"nan\", \"inf\" or \"-inf\""
+    );
+    let got = || "str".to_owned();
+    assert_eq!(
+        InvalidPair::NotPair { got: got() }.to_string(),
+        "must hold (index, count) pairs, not str"
+    );
+    assert_eq!(
+        InvalidPair::Length { got: "(1,)".into() }.to_string(),
+        "must hold (index, count) pairs, got (1,)"
+    );
+    assert_eq!(
+        InvalidPair::Index { got: got() }.to_string(),
+        "must hold int bucket indices, not str"
+    );
+    assert_eq!(
+        InvalidPair::Count { got: got() }.to_string(),
+        "must hold int bucket counts, not str"
+    );
+    assert!(is_float_field("sum") && is_float_field("max") && !is_float_field("count"));
+}
+
+#[test]
+fn checked_helpers_refuse_what_the_api_refuses() {
+    assert_eq!(
+        checked_bucket_bounds(0),
+        bucket_bounds(0).ok_or(String::new())
+    );
+    let far = i128::from(MAX_INDEX) + 1;
+    assert_eq!(
+        checked_bucket_bounds(far),
+        Err(format!(
+            "must be in {MIN_INDEX}..{MAX_INDEX} (bucket {far} holds no finite double)"
+        ))
+    );
+    assert!(checked_bucket_bounds(i128::MAX).is_err());
+    assert_eq!(check_quantile(0.5, || unreachable!()), Ok(0.5));
+    assert_eq!(
+        check_quantile(f64::NAN, || "nan".into()),
+        Err("must be in [0, 1], got nan".to_owned())
+    );
+    assert_eq!(
+        check_quantile(1.5, || "1.5".into()).unwrap_err(),
+        "must be in [0, 1], got 1.5"
+    );
+    assert_eq!(checked_bucket_index(-1.0), Ok(bucket_index(1f64.to_bits())));
+    assert!(checked_bucket_index(0.0).is_err());
+    assert_eq!(
+        checked_bucket_index(f64::INFINITY),
+        Err("must be finite and not zero, got inf".to_owned())
+    );
+    assert_eq!(checked_representative(0), Ok(representative(0)));
+    assert_eq!(
+        checked_representative(MAX_INDEX + 1),
+        Err(format!("must be in {MIN_INDEX}..{MAX_INDEX}"))
+    );
+}

@@ -13,6 +13,7 @@
 
 use super::Stat;
 use parking_lot::Mutex;
+use std::ops::Range;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
 
@@ -96,10 +97,106 @@ pub(crate) fn reset_after_fork() -> usize {
     stats.iter().filter(|stat| stat.reset_after_fork()).count()
 }
 
+/// A compiled graph's segments, parsed once (the binding's `py_compiled.rs`):
+/// the owners of the Stats its values go to, in order, each with how many
+/// values it takes. Weak: a graph does not keep its Stats alive, and a
+/// Stat's id is never reused, so a Stat that died stays dead. `Keep` is held,
+/// never read: the object whose address keys the parse, kept alive so that
+/// no other object takes that address.
+pub struct Segments<T, Keep> {
+    _keep: Keep,
+    stats: Vec<(Weak<T>, usize)>,
+}
+
+impl<T, Keep> Segments<T, Keep> {
+    /// `stats`: each segment's owner (None for a Stat not alive) and length.
+    pub fn new(keep: Keep, stats: &[(Option<Arc<T>>, usize)]) -> Self {
+        let weak = |(stat, length): &(Option<Arc<T>>, usize)| {
+            (
+                stat.as_ref().map_or_else(Weak::new, Arc::downgrade),
+                *length,
+            )
+        };
+        let stats = stats.iter().map(weak).collect();
+        Segments { _keep: keep, stats }
+    }
+
+    /// Each segment's owner (None for one no longer alive) and length.
+    pub fn upgrade(&self) -> Vec<(Option<Arc<T>>, usize)> {
+        let strong = |(stat, length): &(Weak<T>, usize)| (stat.upgrade(), *length);
+        self.stats.iter().map(strong).collect()
+    }
+}
+
+/// The values that segments of `lengths` take, in order, from `first` on;
+/// `None` when they pass `end`, the number of values staged (values past the
+/// segments are the unused end of a staging buffer).
+pub fn segment_ranges(
+    first: usize,
+    end: usize,
+    lengths: impl IntoIterator<Item = usize>,
+) -> Option<Vec<Range<usize>>> {
+    let mut start = first;
+    let mut range = |length: usize| {
+        let range = start..start.checked_add(length).filter(|&e| e <= end)?;
+        start = range.end;
+        Some(range)
+    };
+    lengths.into_iter().map(&mut range).collect()
+}
+
+/// The `ValueError` message of `_record_cpu_tensors` when the segments pass
+/// the `staged` values.
+pub fn segments_past_message(staged: usize) -> String {
+    format!("_record_cpu_tensors: segments past the {staged} staged values")
+}
+
+/// `_stat_add_by_id`'s rule: one time per value; otherwise the message of
+/// its `ValueError`.
+pub fn check_times(values: usize, times: usize) -> Result<(), String> {
+    if values != times {
+        return Err(format!(
+            "_stat_add_by_id: {values} values but {times} times"
+        ));
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::aggregation::Aggregation::Sum;
+
+    #[test]
+    fn staged_values_errors_are_worded_for_python() {
+        assert_eq!(check_times(2, 2), Ok(()));
+        assert_eq!(
+            check_times(2, 3),
+            Err("_stat_add_by_id: 2 values but 3 times".to_owned())
+        );
+        assert_eq!(
+            segments_past_message(4),
+            "_record_cpu_tensors: segments past the 4 staged values"
+        );
+    }
+
+    #[test]
+    fn segments_hold_their_stats_weakly_and_split_the_values_in_order() {
+        let (alive, dead) = (Arc::new("a"), Arc::new("b"));
+        let segments = Segments::new((), &[(Some(alive.clone()), 2), (Some(dead), 1), (None, 3)]);
+        let found = segments.upgrade();
+        assert!(Arc::ptr_eq(found[0].0.as_ref().unwrap(), &alive));
+        assert!(found[1].0.is_none() && found[2].0.is_none());
+        let lengths: Vec<usize> = found.iter().map(|(_, length)| *length).collect();
+        assert_eq!(lengths, [2, 1, 3]);
+        assert_eq!(
+            segment_ranges(4, 10, [2, 1, 3]),
+            Some(vec![4..6, 6..7, 7..10])
+        );
+        assert_eq!(segment_ranges(4, 9, [2, 1, 3]), None);
+        assert_eq!(segment_ranges(0, 1, [usize::MAX, 1]), None);
+        assert_eq!(segment_ranges(3, 3, []), Some(vec![]));
+    }
 
     #[test]
     fn stats_are_found_by_id_and_listed_in_creation_order_while_alive() {

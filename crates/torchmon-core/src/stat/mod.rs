@@ -52,6 +52,18 @@ pub const MAX_SAMPLES_CAP: u64 = 1 << 61;
 /// a Prometheus scrape repeats the name on every series of every window.
 pub const MAX_NAME_CHARS: usize = 200;
 
+/// The name-length rule: at most `MAX_NAME_CHARS` characters (`length`);
+/// the problem is worded to follow the argument's name.
+pub fn check_name_length(length: usize) -> Result<(), String> {
+    if length > MAX_NAME_CHARS {
+        return Err(format!(
+            "must be at most {MAX_NAME_CHARS} characters (the sinks' metric \
+             names are made from it), got {length}"
+        ));
+    }
+    Ok(())
+}
+
 /// Why a value is not a sample of `Stat.add`/`add_many`: the binding finds
 /// which, this is the wording of its `TypeError` (docs/api.md, `Stat.add`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
