@@ -63,6 +63,7 @@ import threading
 import time
 import weakref
 from collections import deque
+from itertools import islice
 from typing import Any, Callable, Union
 
 from .. import _lifecycle
@@ -154,6 +155,7 @@ class TrackerEventHandler(ClosesOnExit):
         "_owner_pid",
         "_queue",
         "_retry_interval",
+        "_sleeping",
         "_started",
         "_step",
         "_stop",
@@ -212,6 +214,7 @@ class TrackerEventHandler(ClosesOnExit):
         self._wake = threading.Event()
         self._idle = threading.Condition(new_lock())
         self._stop = False
+        self._sleeping = False
 
     # --- the logging thread ---------------------------------------------
 
@@ -261,7 +264,11 @@ class TrackerEventHandler(ClosesOnExit):
             thread = self._thread
         if thread is None:
             self._start_thread()
-        self._wake.set()
+        # The sender is woken only when it waits for work: not while it
+        # sends (it takes what came meanwhile next), nor during an outage
+        # (it retries every retry_interval, or when flush() asks).
+        if self._sleeping and not self._failing:
+            self._wake.set()
 
     def _start_thread(self) -> None:
         with self._lock:
@@ -284,7 +291,7 @@ class TrackerEventHandler(ClosesOnExit):
         rows: list[Row] = []
         others: list[Any] = []
         with self._lock:
-            items = list(self._queue)[: self._batch_size]
+            items = list(islice(self._queue, self._batch_size))
             first = self._delivered
         taken = 0
         for item in items:
@@ -334,7 +341,12 @@ class TrackerEventHandler(ClosesOnExit):
 
     def _run(self) -> None:
         while True:
-            self._wake.wait(self._retry_interval if self._failing else None)
+            # Flagged before the queue is looked at: a window queued
+            # meanwhile either is seen here or sees the flag and wakes us.
+            self._sleeping = True
+            if not self._queue or self._failing:
+                self._wake.wait(self._retry_interval if self._failing else None)
+            self._sleeping = False
             self._wake.clear()
             while self._queue:
                 if not self._deliver_once():
