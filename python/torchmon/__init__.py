@@ -36,6 +36,7 @@ if TYPE_CHECKING:
     from . import handlers as handlers
     from ._rank import RankInfo, rank_info
     from .handlers.jsonl import JsonlEventHandler, read_jsonl
+    from .handlers.mlflow import MLflowEventHandler
     from .handlers.otel import OpenTelemetryEventHandler
     from .handlers.prometheus import PrometheusEventHandler
     from .handlers.tensorboard import TensorboardEventHandler
@@ -48,6 +49,7 @@ if TYPE_CHECKING:
 _FROM_HANDLERS = frozenset(
     (
         "JsonlEventHandler",
+        "MLflowEventHandler",
         "OpenTelemetryEventHandler",
         "PrometheusEventHandler",
         "TensorboardEventHandler",
@@ -132,6 +134,7 @@ __all__ = [
     "Event",
     "EventHandlerHandle",
     "JsonlEventHandler",
+    "MLflowEventHandler",
     "OpenTelemetryEventHandler",
     "PrometheusEventHandler",
     "RankInfo",

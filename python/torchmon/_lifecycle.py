@@ -60,9 +60,10 @@ def _register_emit_steps() -> None:
     atexit.register(_core._flush_all_stats)  # 3. every live Stat's open window is emitted
 
 
-# 5. Each OpenTelemetryEventHandler's close (its last export), registered
-#    when the handler is made: so it runs before the OpenTelemetry SDK's own
-#    shutdown hook, which the SDK registered earlier.
+# 5. Each OpenTelemetryEventHandler's and tracker sink's (MLflow) close (its
+#    last export or delivery), registered when the handler is made: so it
+#    runs before the OpenTelemetry SDK's own shutdown hook, which the SDK
+#    registered earlier.
 def close_at_exit(close: Callable[[], None]) -> Callable[[], None]:
     atexit.register(close)
     return close
@@ -118,7 +119,12 @@ def _after_fork_in_child() -> None:
     if system is not None:
         # 5. SystemStats samplers are stopped (their thread is the parent's).
         system._after_fork_in_child()
-    # 6. multiprocessing, if imported by now, will flush this child at its
+    tracker = _imported("handlers._tracker")
+    if tracker is not None:
+        # 6. Each tracker sink (MLflow) gets an empty queue and no sender
+        #    thread: the parent delivers what it queued.
+        tracker._reset_in_child()
+    # 7. multiprocessing, if imported by now, will flush this child at its
     #    exit (it ends with os._exit(), without atexit: torchmon/_flush.py).
     _flush._hook_multiprocessing()
 

@@ -1,11 +1,13 @@
 """Event handlers (sinks) for torchmon.
 
-``PrometheusEventHandler`` and ``OpenTelemetryEventHandler`` import their
-libraries (the ``prometheus`` and ``otel`` extras) only when created.
+``PrometheusEventHandler``, ``OpenTelemetryEventHandler`` and
+``MLflowEventHandler`` import their libraries (the ``prometheus``, ``otel``
+and ``mlflow`` extras) only when created.
 """
 
 from .._core import AsyncEventHandler
 from .jsonl import JsonlEventHandler, read_jsonl
+from .mlflow import MLflowEventHandler
 from .otel import OpenTelemetryEventHandler
 from .prometheus import PrometheusEventHandler
 from .tensorboard import TensorboardEventHandler
@@ -13,6 +15,7 @@ from .tensorboard import TensorboardEventHandler
 __all__ = [
     "AsyncEventHandler",
     "JsonlEventHandler",
+    "MLflowEventHandler",
     "OpenTelemetryEventHandler",
     "PrometheusEventHandler",
     "TensorboardEventHandler",

@@ -1,0 +1,537 @@
+"""What the experiment-tracker sinks share (``MLflowEventHandler``, and a W&B
+one): the delivery of Stat windows to a remote tracker from one background
+thread, never from the thread that closed the window (docs/sinks.md,
+"Experiment trackers").
+
+The contract of :class:`TrackerEventHandler` for a subclass
+-----------------------------------------------------------
+
+The base does the queueing, the thread, the retries, the outage report,
+``flush()``, ``close()``, the exit and the fork; a subclass says how a batch
+reaches its tracker. It sets the class attribute ``_OWNER`` (the class name,
+for messages) and, in its ``__init__``, calls ``super().__init__(...)`` with
+the shared arguments (below) and ``destination=`` (a short text naming where
+the data goes, for the stderr lines). It overrides:
+
+- ``_send(batch)`` (required), on the sender thread: delivers ``batch``, a
+  list of :data:`Row` ``(key, value, step, timestamp_ms)``, at most
+  ``batch_size`` rows, in the order the windows closed; the rows of one
+  window are never split across two batches unless the window alone has
+  more than ``batch_size`` values. Raises on failure: the same rows are
+  offered again after ``retry_interval`` seconds (a tracker may then hold
+  some of them twice: rows are idempotent for MLflow, whose metric
+  history is keyed by key, step, timestamp and value).
+- ``_start()`` (optional), on the sender thread, before the first
+  ``_send``: connects, creates the run. Raising is an outage like a failed
+  send; it is called again before the next attempt.
+- ``_other(event)`` (optional), on the logging thread: what to queue for an
+  Event that is not a Stat window (``None``, the default: nothing); it must
+  be cheap. ``_send_others(items)`` (optional), on the sender thread,
+  delivers a list of them (after the rows queued before them).
+- ``_finish()`` (optional), on the closing thread, once, after the last
+  delivery or the ``export_timeout`` that bounds it: ends what ``_start``
+  began (an MLflow run the handler created).
+
+A W&B subclass is then ``_start``: ``wandb.init`` (or the active run);
+``_send``: the rows grouped by step, one ``run.log(dict, step=step)`` per
+step; ``_finish``: ``run.finish()`` if it started the run.
+
+Shared arguments (keyword-only, checked here; errors name ``_OWNER``):
+``step`` (``None``: each window's number per Stat, 1, 2, 3...; a callable:
+its ``int`` result, called on the logging thread when the window closes),
+``max_queue`` (windows and other events held while the tracker is slow or
+down; beyond it the oldest are dropped and counted in ``dropped``),
+``batch_size`` (rows per ``_send``), ``export_timeout`` (seconds that
+``flush()`` and ``close()``, so the exit, wait at most), ``retry_interval``
+(seconds between attempts during an outage).
+
+State, fork and exit: the queue, the counters and the sender thread live in
+the handler. A forked child's copy starts with an empty queue, zero counts
+and no thread (a step of ``_lifecycle._after_fork_in_child``); its thread
+starts with its first window, and it delivers the child's windows through a
+``_start`` of its own. At exit the handler is closed after torchmon's exit
+flush and after the local sinks were flushed (``_lifecycle.close_at_exit``);
+``torchmon.flush()`` flushes it after the local sinks (``_flushes_remotely``).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import sys
+import threading
+import time
+import weakref
+from collections import deque
+from itertools import islice
+from typing import Any, Callable, Union
+
+from .. import _lifecycle
+from .._core import STAT_EVENT, Event
+from .._errors import arg_type_error, arg_value_error
+from .._flush import _flush_local_sinks, _register_flushable
+from .._forksafe import new_lock
+from ._common import ClosesOnExit, set_numeric_values
+
+__all__ = ["DEFAULT_EXPORT_TIMEOUT", "Row", "TrackerEventHandler"]
+
+#: ``(key, value, step, timestamp_ms)``: one value of one window.
+Row = tuple[str, float, int, int]
+StepOption = Union[None, Callable[[], int]]
+
+# As OpenTelemetryEventHandler's: a preempted job has about 30 s between
+# SIGTERM and SIGKILL.
+DEFAULT_EXPORT_TIMEOUT = 5.0
+DEFAULT_MAX_QUEUE = 10_000
+DEFAULT_BATCH_SIZE = 1_000
+DEFAULT_RETRY_INTERVAL = 2.0
+
+# The live handlers of this process, for the fork step.
+_handlers: weakref.WeakSet[TrackerEventHandler] = weakref.WeakSet()
+
+
+def _reset_in_child() -> None:
+    """A step of ``_lifecycle._after_fork_in_child``: every handler forgets
+    the parent's queue and thread (the parent delivers them)."""
+    for handler in list(_handlers):
+        handler._reset_after_fork()
+
+
+def _seconds(owner: str, arg: str, value: object, default: float) -> float:
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise arg_type_error(owner, arg, "a number of seconds or None", value)
+    if not value > 0 or math.isinf(value):  # also NaN
+        raise arg_value_error(owner, arg, f"must be > 0 seconds and finite, got {value!r}")
+    return float(value)
+
+
+def _count(owner: str, arg: str, value: object, maximum: int | None = None) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise arg_type_error(owner, arg, "an int", value)
+    if value < 1:
+        raise arg_value_error(owner, arg, f"must be >= 1, got {value!r}")
+    if maximum is not None and value > maximum:
+        raise arg_value_error(owner, arg, f"must be <= {maximum}, got {value!r}")
+    return value
+
+
+class _Window:
+    """A Stat window as queued by the logging thread: converted to rows on
+    the sender thread."""
+
+    __slots__ = ("data", "step", "timestamp")
+
+    def __init__(self, data: Any, step: int, timestamp: Any) -> None:
+        self.data = data
+        self.step = step
+        self.timestamp = timestamp
+
+
+class TrackerEventHandler(ClosesOnExit):
+    """The base of the tracker sinks (module docstring: the subclass contract)."""
+
+    # torchmon.flush() and the exit flush it after the sinks that write locally.
+    _flushes_remotely = True
+    _OWNER = "TrackerEventHandler"
+
+    __slots__ = (
+        "__weakref__",
+        "_at_exit",
+        "_batch_size",
+        "_closed",
+        "_delivered",
+        "_destination",
+        "_dropped",
+        "_enqueued",
+        "_failing",
+        "_gave_up_at",
+        "_idle",
+        "_last_ok",
+        "_lock",
+        "_max_queue",
+        "_outage_dropped",
+        "_owner_pid",
+        "_queue",
+        "_retry_interval",
+        "_sleeping",
+        "_started",
+        "_step",
+        "_stop",
+        "_thread",
+        "_timeout",
+        "_wake",
+        "_windows",
+    )
+
+    def __init__(
+        self,
+        *,
+        destination: str,
+        step: StepOption = None,
+        max_queue: int = DEFAULT_MAX_QUEUE,
+        batch_size: int = DEFAULT_BATCH_SIZE,
+        export_timeout: float | None = None,
+        retry_interval: float | None = None,
+        max_batch_size: int | None = None,
+    ) -> None:
+        owner = self._OWNER
+        if step is not None and not callable(step):
+            raise arg_type_error(owner, "step", "None or a callable returning an int", step)
+        self._step = step
+        self._max_queue = _count(owner, "max_queue", max_queue)
+        self._batch_size = _count(owner, "batch_size", batch_size, max_batch_size)
+        self._timeout = _seconds(owner, "export_timeout", export_timeout, DEFAULT_EXPORT_TIMEOUT)
+        self._retry_interval = _seconds(
+            owner, "retry_interval", retry_interval, DEFAULT_RETRY_INTERVAL
+        )
+        self._destination = destination
+        self._lock = new_lock()
+        self._closed = False
+        self._at_exit: Callable[[], None] | None = None
+        self._reset_after_fork()
+        self._owner_pid = os.getpid()
+        _handlers.add(self)
+        _register_flushable(self)  # type: ignore[arg-type]  # its flush returns a bool
+        self._at_exit = _close_at_exit(self)
+
+    def _reset_after_fork(self) -> None:
+        self._owner_pid = os.getpid()
+        self._queue: deque[Any] = deque()
+        self._windows: dict[str, int] = {}  # Stat name -> windows seen (the default step)
+        self._dropped = 0
+        self._outage_dropped = 0
+        self._enqueued = 0  # items queued so far
+        # Items delivered or dropped so far: the sequence number of the
+        # queue's head.
+        self._delivered = 0
+        self._gave_up_at = -1  # _enqueued when a flush last timed out in an outage
+        self._failing = False
+        self._started = False
+        self._last_ok = time.time()
+        self._thread: threading.Thread | None = None
+        self._wake = threading.Event()
+        self._idle = threading.Condition(new_lock())
+        self._stop = False
+        self._sleeping = False
+
+    # --- the logging thread ---------------------------------------------
+
+    @property
+    def dropped(self) -> int:
+        """Windows (and other events) dropped because the queue was full."""
+        return self._dropped
+
+    @property
+    def pending(self) -> int:
+        """Windows (and other events) queued and not yet delivered."""
+        return len(self._queue)
+
+    def __call__(self, event: Event) -> None:
+        if self._closed:
+            return
+        if event.name == STAT_EVENT:
+            data = event.data
+            step = self._step
+            if step is None:
+                stat = next(iter(data), "").rpartition(".")[0]
+                windows = self._windows
+                number = windows.get(stat, 0) + 1
+                windows[stat] = number
+            else:
+                number = step()
+                if isinstance(number, bool) or not hasattr(number, "__index__"):
+                    raise arg_type_error(self._OWNER, "step", "a callable returning an int", number)
+                number = int(number)
+            item: Any = _Window(data, number, event.timestamp)
+        else:
+            item = self._other(event)
+            if item is None:
+                return
+        self._put(item)
+
+    def _put(self, item: Any) -> None:
+        with self._lock:
+            queue = self._queue
+            if len(queue) >= self._max_queue:
+                queue.popleft()
+                self._dropped += 1
+                self._outage_dropped += 1
+                self._delivered += 1
+            queue.append(item)
+            self._enqueued += 1
+            thread = self._thread
+        if thread is None:
+            self._start_thread()
+        # The sender is woken only when it waits for work: not while it
+        # sends (it takes what came meanwhile next), nor during an outage
+        # (it retries every retry_interval, or when flush() asks).
+        if self._sleeping and not self._failing:
+            self._wake.set()
+
+    def _start_thread(self) -> None:
+        with self._lock:
+            if self._thread is not None or self._stop:
+                return
+            thread = threading.Thread(target=self._run, name=f"torchmon-{self._OWNER}", daemon=True)
+            self._thread = thread
+        try:
+            thread.start()
+        except RuntimeError:  # interpreter shutdown: close() delivers on its thread
+            with self._lock:
+                self._thread = None
+
+    # --- the sender thread ------------------------------------------------
+
+    def _take(self) -> tuple[list[Row], list[Any], int]:
+        """Up to batch_size rows (whole windows) and the other events before
+        the next window, from the head of the queue, left there until
+        delivered; and the sequence number of the item after them."""
+        rows: list[Row] = []
+        others: list[Any] = []
+        with self._lock:
+            items = list(islice(self._queue, self._batch_size))
+            first = self._delivered
+        taken = 0
+        for item in items:
+            if isinstance(item, _Window):
+                if others:
+                    break
+                converted = _rows(item)
+                if rows and len(rows) + len(converted) > self._batch_size:
+                    break
+                rows.extend(converted)
+            else:
+                if rows:
+                    break
+                others.append(item)
+            taken += 1
+        return rows, others, first + taken
+
+    def _deliver_once(self) -> bool:
+        """Delivers the head of the queue; False on failure (reported)."""
+        with self._lock:
+            if not self._queue:
+                return True
+        rows, others, end = self._take()
+        try:
+            if not self._started:
+                self._start()
+                self._started = True
+            batch_size = self._batch_size
+            for i in range(0, len(rows), batch_size):
+                self._send(rows[i : i + batch_size])
+            if others:
+                self._send_others(others)
+        except Exception as exc:
+            self._report_failure(exc)
+            return False
+        with self._lock:
+            # _delivered is the sequence number of the queue's head (the
+            # oldest items dropped meanwhile count too).
+            queue = self._queue
+            while self._delivered < end and queue:
+                queue.popleft()
+                self._delivered += 1
+        if self._failing:
+            self._report_recovery()
+        self._last_ok = time.time()
+        return True
+
+    def _run(self) -> None:
+        while True:
+            # Flagged before the queue is looked at: a window queued
+            # meanwhile either is seen here or sees the flag and wakes us.
+            self._sleeping = True
+            if not self._queue or self._failing:
+                self._wake.wait(self._retry_interval if self._failing else None)
+            self._sleeping = False
+            self._wake.clear()
+            while self._queue:
+                if not self._deliver_once():
+                    break
+            with self._idle:
+                self._idle.notify_all()
+            if self._stop and not self._queue:
+                return
+            if self._stop and self._failing:
+                return
+
+    # --- flush and close --------------------------------------------------
+
+    def flush(self, timeout: float | None = None) -> bool:
+        """Waits until every window queued before the call was delivered, at
+        most ``timeout`` seconds (``None``: ``export_timeout``). Returns
+        whether they were. During an outage, a flush without ``timeout``
+        (``torchmon.flush()``'s, the exit's) with nothing queued since the
+        previous one timed out returns ``False`` at once (it would wait for
+        the same windows again)."""
+        if self._owner_pid != os.getpid():
+            self._reset_after_fork()
+        seconds = self._timeout if timeout is None else timeout
+        target = self._enqueued
+        if self._delivered >= target:
+            return not self._failing
+        if timeout is None and self._failing and self._gave_up_at == target:
+            self._wake.set()  # a retry now, not waited for
+            return False
+        if self._thread is None:
+            self._start_thread()
+            if self._thread is None:
+                # No thread can be started (interpreter shutdown): here.
+                while self._queue and self._deliver_once():
+                    pass
+                return self._delivered >= target
+        self._wake.set()  # during an outage: try now
+        deadline = time.monotonic() + seconds
+        with self._idle:
+            while self._delivered < target:
+                left = deadline - time.monotonic()
+                if left <= 0 or self._thread is None:
+                    break
+                self._idle.wait(min(left, 0.05))
+        if self._delivered >= target:
+            return True
+        self._gave_up_at = self._enqueued
+        self._report_line(
+            f"{len(self._queue)} windows not delivered to {self._destination} "
+            f"within {seconds:g} s (they stay queued)"
+        )
+        return False
+
+    def close(self) -> None:
+        """Delivers what is queued (waiting at most ``export_timeout``),
+        stops the sender thread and ends what the handler started (an MLflow
+        run it created). Later events are ignored. Idempotent."""
+        self._close(at_exit=False)
+
+    def _close(self, *, at_exit: bool) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        if self._at_exit is not None:
+            _lifecycle.cancel_at_exit(self._at_exit)
+            self._at_exit = None
+        if at_exit:
+            # The local sinks first: a dead tracker must not keep them waiting.
+            _flush_local_sinks()
+        if self._owner_pid != os.getpid():
+            self._reset_after_fork()
+        start = time.monotonic()
+        delivered = True
+        if self._queue:
+            delivered = self.flush(self._timeout)
+        with self._lock:
+            self._stop = True
+        self._wake.set()
+        lost = len(self._queue)
+        if lost and delivered:
+            self._report_line(
+                f"{lost} windows were not delivered to {self._destination} before close"
+            )
+        if self._failing:
+            return  # ending a run needs the tracker too
+        left = max(0.0, self._timeout - (time.monotonic() - start))
+        done = threading.Event()
+
+        def finish() -> None:
+            try:
+                self._finish()
+            except Exception as exc:
+                self._report_line(f"closing failed: {_reason(exc)}")
+            finally:
+                done.set()
+
+        try:
+            threading.Thread(target=finish, name="torchmon-tracker-close", daemon=True).start()
+        except RuntimeError:  # interpreter shutdown
+            finish()
+        if not done.wait(left):
+            self._report_line(f"closing did not finish within export_timeout={self._timeout:g} s")
+
+    # --- subclass hooks ---------------------------------------------------
+
+    def _start(self) -> None:
+        """Sender thread, before the first send (and again after a failed one)."""
+
+    def _send(self, batch: list[Row]) -> None:
+        raise NotImplementedError
+
+    def _other(self, event: Event) -> Any:
+        """Logging thread: what to queue for an Event that is not a Stat window."""
+        return None
+
+    def _send_others(self, items: list[Any]) -> None:
+        """Sender thread: delivers what ``_other`` returned."""
+
+    def _finish(self) -> None:
+        """Closing thread, once: ends what ``_start`` began."""
+
+    # --- reports ------------------------------------------------------------
+
+    def _report_failure(self, exc: BaseException) -> None:
+        if self._failing:
+            return
+        self._failing = True
+        since = time.strftime("%H:%M:%S", time.localtime(self._last_ok))
+        self._report_line(
+            f"the windows since {since} were not delivered to {self._destination}: "
+            f"{_reason(exc)}; retrying every {self._retry_interval:g} s, keeping the "
+            f"newest {self._max_queue} windows"
+        )
+
+    def _report_recovery(self) -> None:
+        self._failing = False
+        self._gave_up_at = -1
+        dropped = self._outage_dropped
+        self._outage_dropped = 0
+        self._report_line(
+            f"delivering to {self._destination} again"
+            + (f"; {dropped} windows were dropped meanwhile" if dropped else "")
+        )
+
+    def _report_line(self, text: str) -> None:
+        try:
+            sys.stderr.write(f"torchmon: {self._OWNER}: {text}\n")
+            sys.stderr.flush()
+        except (OSError, ValueError, AttributeError):
+            pass  # no stderr (closed, or None under pythonw)
+
+
+def _reason(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    first = text[0] if text else ""
+    return f"{type(exc).__name__}: {first[:300]}" if first else type(exc).__name__
+
+
+def _rows(window: _Window) -> list[Row]:
+    """A window's numeric values as rows (``bool`` and ``str`` values are
+    skipped, as by the gauge sinks)."""
+    timestamp_ms = int(window.timestamp.timestamp() * 1000)
+    step = window.step
+    rows: list[Row] = []
+    append = rows.append
+
+    def add(key: str, value: float) -> None:
+        append((key, float(value), step, timestamp_ms))
+
+    set_numeric_values(window.data, _same, add)
+    return rows
+
+
+def _same(key: str) -> str:
+    return key
+
+
+def _close_at_exit(handler: TrackerEventHandler) -> Callable[[], None]:
+    """``handler._close(at_exit=True)`` at interpreter exit (an exit step of
+    torchmon/_lifecycle.py), holding the handler weakly."""
+    ref = weakref.ref(handler)
+
+    def close() -> None:
+        alive = ref()
+        if alive is not None:
+            alive._close(at_exit=True)
+
+    return _lifecycle.close_at_exit(close)
