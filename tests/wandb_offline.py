@@ -55,13 +55,17 @@ with an integral value is written as a JSON integer (``1.0`` as ``1``,
 
 API: :func:`read_records` (every Record, in order), :func:`read_history`,
 :func:`read_summary`, :func:`read_config`; each takes the run directory
-(``.../wandb/offline-run-<time>-<id>``) or the ``.wandb`` file itself.
+(``.../wandb/offline-run-<time>-<id>``) or the ``.wandb`` file itself, and
+waits (``timeout``) for a finished run's file to be whole: ``run.finish()``
+can return before its last block is written. :func:`read_payloads` is the
+log layer alone, on bytes.
 """
 
 from __future__ import annotations
 
 import json
 import struct
+import time
 import zlib
 from collections.abc import Iterator
 from pathlib import Path
@@ -136,16 +140,38 @@ def read_payloads(data: bytes) -> Iterator[bytes]:
         raise FormatError("the file ends inside a record (no LAST chunk)")
 
 
-def read_records(run: str | Path) -> list[Any]:
-    """Every ``wandb_internal_pb2.Record`` of the run's .wandb file, in order."""
+def read_records(run: str | Path, timeout: float = 10.0) -> list[Any]:
+    """Every ``wandb_internal_pb2.Record`` of the run's .wandb file, in order.
+
+    ``run.finish()`` can return before wandb-core has written the file's
+    last block (the writer buffers a block until it is full or closed: the
+    file then ends inside a record), so this waits up to ``timeout`` seconds
+    for the file to read whole through its ``exit`` record, the last one a
+    finished run writes. ``timeout=0`` reads the file once as it is (a run
+    still going, or one that died): a partly written record is then a
+    :class:`FormatError`.
+    """
     from wandb.proto import wandb_internal_pb2
 
-    records = []
-    for payload in read_payloads(wandb_file(run).read_bytes()):
-        record = wandb_internal_pb2.Record()
-        record.ParseFromString(payload)
-        records.append(record)
-    return records
+    path = wandb_file(run)
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            records = []
+            for payload in read_payloads(path.read_bytes()):
+                record = wandb_internal_pb2.Record()
+                record.ParseFromString(payload)
+                records.append(record)
+            if timeout <= 0 or any(r.WhichOneof("record_type") == "exit" for r in records):
+                return records
+            error: Exception = TimeoutError(f"{path}: no exit record after {timeout} s")
+        except FormatError as e:
+            if timeout <= 0:
+                raise
+            error = e
+        if time.monotonic() >= deadline:
+            raise error
+        time.sleep(0.01)
 
 
 def _key_path(item: Any) -> list[str]:
@@ -164,13 +190,13 @@ def _drop(target: dict[str, Any], path: list[str]) -> None:
     target.pop(path[-1], None)
 
 
-def read_history(run: str | Path) -> list[dict[str, Any]]:
+def read_history(run: str | Path, timeout: float = 10.0) -> list[dict[str, Any]]:
     """One dict per ``history`` record (one per step that ``run.log`` made),
     in file order: the logged keys with their JSON-decoded values, nested
     dicts rebuilt from the key paths, plus wandb's own ``_step``,
     ``_timestamp`` and ``_runtime``."""
     rows = []
-    for record in read_records(run):
+    for record in read_records(run, timeout):
         if record.WhichOneof("record_type") != "history":
             continue
         row: dict[str, Any] = {}
@@ -180,11 +206,11 @@ def read_history(run: str | Path) -> list[dict[str, Any]]:
     return rows
 
 
-def read_summary(run: str | Path) -> dict[str, Any]:
+def read_summary(run: str | Path, timeout: float = 10.0) -> dict[str, Any]:
     """The run's summary: every ``summary`` record's updates and removals
     applied in order (wandb writes one after each step and at the end)."""
     summary: dict[str, Any] = {}
-    for record in read_records(run):
+    for record in read_records(run, timeout):
         if record.WhichOneof("record_type") != "summary":
             continue
         for item in record.summary.update:
@@ -194,11 +220,11 @@ def read_summary(run: str | Path) -> dict[str, Any]:
     return summary
 
 
-def read_config(run: str | Path) -> dict[str, Any]:
+def read_config(run: str | Path, timeout: float = 10.0) -> dict[str, Any]:
     """The run's config: the ``run`` record's, then the later ``config``
     records' updates and removals (wandb's own ``_wandb`` entry included)."""
     config: dict[str, Any] = {}
-    for record in read_records(run):
+    for record in read_records(run, timeout):
         kind = record.WhichOneof("record_type")
         if kind not in ("run", "config"):
             continue

@@ -93,13 +93,14 @@ def test_offline_history_reads_back_as_logged(offline_env: Path) -> None:
     run_dir = Path(run.dir).parent  # run.dir is <run dir>/files
     run.finish()
 
+    # Waits for wandb-core to write the file's last block (read_records).
+    history = wandb_offline.read_history(run_dir)
     path = wandb_offline.wandb_file(run_dir)
     data = path.read_bytes()
     assert len(data) > 4 * wandb_offline.BLOCK_LEN
     payloads = list(wandb_offline.read_payloads(data))
     assert max(map(len, payloads)) > wandb_offline.BLOCK_LEN  # FIRST, MIDDLE+, LAST
 
-    history = wandb_offline.read_history(run_dir)
     assert [h["_step"] for h in history] == list(range(STEPS))
     for i, (got, want) in enumerate(zip(history, rows)):
         assert isinstance(got.pop("_timestamp"), float)
@@ -127,6 +128,7 @@ def test_checksum_and_truncation_are_detected(offline_env: Path) -> None:
         run.log({"x": float(i), "pad": "p" * 2000}, step=i)
     run_dir = Path(run.dir).parent
     run.finish()
+    assert len(wandb_offline.read_records(run_dir)) > 50  # waits for the whole file
     data = bytearray(wandb_offline.wandb_file(run_dir).read_bytes())
     assert len(list(wandb_offline.read_payloads(bytes(data)))) > 50
 
