@@ -27,6 +27,21 @@ mod py_window_event;
 
 use pyo3::prelude::*;
 
+/// Adds each class to the module: with `add_functions!`, the one list of
+/// what `torchmon._core` exports (python/torchmon/_core.pyi mirrors it).
+macro_rules! add_classes {
+    ($m:expr, $($class:path),+ $(,)?) => {
+        $($m.add_class::<$class>()?;)+
+    };
+}
+
+/// Adds each `#[pyfunction]` to the module.
+macro_rules! add_functions {
+    ($m:expr, $($function:path),+ $(,)?) => {
+        $($m.add_function(wrap_pyfunction!($function, $m)?)?;)+
+    };
+}
+
 // The free-threaded (`Py_GIL_DISABLED`) code paths compile and pass clippy
 // (CI checks them against a 3.14t configuration) but have not run on a
 // free-threaded interpreter: none can be installed on our machines
@@ -39,74 +54,56 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     // First, before any class or cell is created: a type object made now
     // lives in a static that every interpreter would then share.
     refuse_subinterpreters()?;
-    use crate::py_async::{
-        _close_async_handlers_at_exit, _drain_async_handlers, _restart_async_handlers_after_fork,
-        AsyncEventHandler,
-    };
-    use crate::py_clock::{_clock_ms, _set_clock_ms, _window_ms};
-    use crate::py_compiled::{_stat_add_by_id, _stat_window_now};
-    use crate::py_convert::_install_tensor_support;
-    use crate::py_lifecycle::{
-        _flush_all_stats, _flush_stats_now, _live_stat_count, _reset_stats_after_fork,
-    };
-    use crate::py_registry::{
-        _close_exit_gate, _exit_gate_state, _handler_count, EventHandlerHandle,
-        register_event_handler, unregister_event_handler,
-    };
-    use crate::py_stat::Stat;
     crate::py_aggregation::add_to_module(m)?;
-    m.add_class::<AsyncEventHandler>()?;
-    m.add_class::<crate::py_distribution::PyDistribution>()?;
-    m.add_class::<crate::py_event::DataValueT>()?;
-    m.add_class::<crate::py_event::Event>()?;
-    m.add_function(wrap_pyfunction!(
+    add_classes!(
+        m,
+        crate::py_async::AsyncEventHandler,
+        crate::py_distribution::PyDistribution,
+        crate::py_event::DataValueT,
+        crate::py_event::Event,
+        crate::py_registry::EventHandlerHandle,
+        crate::py_stat::Stat,
+        crate::py_prometheus::_PrometheusExposition,
+        crate::py_summary::_Summary,
+        crate::py_watchdog::PyWatchdog,
+        crate::py_watchdog::PySection,
+    );
+    add_functions!(
+        m,
         crate::py_event::_event_with_distribution,
-        m
-    )?)?;
-    m.add_class::<EventHandlerHandle>()?;
-    m.add_class::<Stat>()?;
-    m.add_class::<crate::py_prometheus::_PrometheusExposition>()?;
-    m.add_class::<crate::py_summary::_Summary>()?;
-    {
-        use crate::py_watchdog as watchdog;
-        m.add_class::<watchdog::PyWatchdog>()?;
-        m.add_class::<watchdog::PySection>()?;
-        m.add_function(wrap_pyfunction!(watchdog::_set_stack_dumper, m)?)?;
-        m.add_function(wrap_pyfunction!(watchdog::_signal_is_taken, m)?)?;
-    }
-    m.add_function(wrap_pyfunction!(_close_async_handlers_at_exit, m)?)?;
-    m.add_function(wrap_pyfunction!(_restart_async_handlers_after_fork, m)?)?;
-    m.add_function(wrap_pyfunction!(_drain_async_handlers, m)?)?;
-    m.add_function(wrap_pyfunction!(_clock_ms, m)?)?;
-    m.add_function(wrap_pyfunction!(_set_clock_ms, m)?)?;
-    m.add_function(wrap_pyfunction!(_window_ms, m)?)?;
-    m.add_function(wrap_pyfunction!(_close_exit_gate, m)?)?;
-    m.add_function(wrap_pyfunction!(_exit_gate_state, m)?)?;
-    m.add_function(wrap_pyfunction!(_handler_count, m)?)?;
-    m.add_function(wrap_pyfunction!(register_event_handler, m)?)?;
-    m.add_function(wrap_pyfunction!(unregister_event_handler, m)?)?;
-    m.add_function(wrap_pyfunction!(_flush_all_stats, m)?)?;
-    m.add_function(wrap_pyfunction!(_live_stat_count, m)?)?;
-    m.add_function(wrap_pyfunction!(_flush_stats_now, m)?)?;
-    m.add_function(wrap_pyfunction!(_reset_stats_after_fork, m)?)?;
-    m.add_function(wrap_pyfunction!(_install_tensor_support, m)?)?;
-    m.add_function(wrap_pyfunction!(_stat_add_by_id, m)?)?;
-    {
-        use crate::py_compiled as compiled;
-        m.add_function(wrap_pyfunction!(compiled::_record_cpu_tensors, m)?)?;
-        m.add_function(wrap_pyfunction!(compiled::_install_staging_store, m)?)?;
-        m.add_function(wrap_pyfunction!(compiled::_staging_store, m)?)?;
-        m.add_function(wrap_pyfunction!(compiled::_set_read_cpu_at_call, m)?)?;
-    }
-    m.add_function(wrap_pyfunction!(_stat_window_now, m)?)?;
-    {
-        use crate::py_torch_wait_counters as wc;
-        m.add_function(wrap_pyfunction!(wc::_enable_torch_wait_counters, m)?)?;
-        m.add_function(wrap_pyfunction!(wc::_disable_torch_wait_counters, m)?)?;
-        m.add_function(wrap_pyfunction!(wc::_torch_wait_counter_probe_seen, m)?)?;
-        m.add_function(wrap_pyfunction!(wc::_torch_wait_counter_names, m)?)?;
-        m.add("_TORCH_WAIT_COUNTER_PROBE_KEY", wc::PROBE_KEY)?;
-    }
+        crate::py_watchdog::_set_stack_dumper,
+        crate::py_watchdog::_signal_is_taken,
+        crate::py_async::_close_async_handlers_at_exit,
+        crate::py_async::_restart_async_handlers_after_fork,
+        crate::py_async::_drain_async_handlers,
+        crate::py_clock::_clock_ms,
+        crate::py_clock::_set_clock_ms,
+        crate::py_clock::_window_ms,
+        crate::py_registry::_close_exit_gate,
+        crate::py_registry::_exit_gate_state,
+        crate::py_registry::_handler_count,
+        crate::py_registry::register_event_handler,
+        crate::py_registry::unregister_event_handler,
+        crate::py_lifecycle::_flush_all_stats,
+        crate::py_lifecycle::_live_stat_count,
+        crate::py_lifecycle::_flush_stats_now,
+        crate::py_lifecycle::_reset_stats_after_fork,
+        crate::py_convert::_install_tensor_support,
+        crate::py_compiled::_stat_add_by_id,
+        crate::py_compiled::_record_cpu_tensors,
+        crate::py_compiled::_install_staging_store,
+        crate::py_compiled::_staging_store,
+        crate::py_compiled::_set_read_cpu_at_call,
+        crate::py_compiled::_stat_window_now,
+        crate::py_torch_wait_counters::_enable_torch_wait_counters,
+        crate::py_torch_wait_counters::_disable_torch_wait_counters,
+        crate::py_torch_wait_counters::_torch_wait_counter_probe_seen,
+        crate::py_torch_wait_counters::_torch_wait_counter_names,
+    );
+    m.add(
+        "_TORCH_WAIT_COUNTER_PROBE_KEY",
+        crate::py_torch_wait_counters::PROBE_KEY,
+    )?;
     m.add("STAT_EVENT", crate::py_window_event::STAT_EVENT)?;
     m.add("MAX_STAT_NAME_LENGTH", torchmon_core::stat::MAX_NAME_CHARS)?;
     m.add(
