@@ -2,7 +2,7 @@
 same values with ``mlflow.log_metrics`` every step, and how many windows per
 second it delivers to a sqlite store and to a local ``mlflow server``.
 
-Run:  python benches/bench_trackers.py [--steps 20000] [--values 10] [--no-server]
+Run:  python benches/bench_trackers.py [--steps 20000] [--values 10] [--no-server] [--wandb]
 
 1. Training thread, per step, ``--values`` values (one per Stat, MEAN and
    P99): Stat.add alone (no handler), the same with MLflowEventHandler
@@ -14,7 +14,13 @@ Run:  python benches/bench_trackers.py [--steps 20000] [--values 10] [--no-serve
    metrics/s, to sqlite and to ``mlflow server`` on 127.0.0.1 (sqlite
    backend).
 
-Needs the mlflow extra. Figures: docs/performance.md, "Tracker sinks".
+3. ``--wandb``: W&B offline (``WANDB_MODE=offline``, every file in a
+   temporary directory): Stat.add with WandbEventHandler registered, against
+   ``run.log`` of the same values every step in the same run (fewer steps).
+   ``--wandb-only`` skips MLflow.
+
+Needs the mlflow extra (the wandb one for ``--wandb``). Figures:
+docs/performance.md, "Tracker sinks".
 """
 
 from __future__ import annotations
@@ -39,7 +45,7 @@ from torchmon.testing import ManualClock
 try:
     import mlflow
 except ImportError:
-    sys.exit("bench_trackers.py needs MLflow: pip install '.[mlflow]'")
+    mlflow = None
 
 
 def stats(n: int, prefix: str) -> list[Stat]:
@@ -119,6 +125,58 @@ def start_server(tmp: Path) -> tuple[subprocess.Popen[bytes], str]:
             time.sleep(0.25)
 
 
+def offline_wandb(root: Path) -> None:
+    for name in ("WANDB_API_KEY", "WANDB_BASE_URL", "WANDB_RUN_ID", "WANDB_RESUME"):
+        os.environ.pop(name, None)
+    os.environ.update(
+        WANDB_MODE="offline",
+        WANDB_SILENT="true",
+        WANDB_ERROR_REPORTING="false",
+        WANDB_DISABLE_GIT="true",
+        WANDB_DISABLE_CODE="true",
+        WANDB_CONSOLE="off",
+        WANDB_DIR=str(root),
+        WANDB_CONFIG_DIR=str(root / "config"),
+        WANDB_CACHE_DIR=str(root / "cache"),
+        WANDB_DATA_DIR=str(root / "data"),
+        WANDB_ARTIFACT_DIR=str(root / "artifacts"),
+    )
+
+
+def bench_wandb(tmp: Path, steps: int, direct_steps: int, values: int) -> None:
+    try:
+        import wandb
+    except ImportError:
+        sys.exit("--wandb needs W&B: pip install '.[wandb]'")
+    offline_wandb(tmp)
+    run = wandb.init(project="torchmon-bench", name="bench")
+    print(f"training thread, per step of {values} values (W&B offline):")
+    bare = per_step_stat_add(steps, values, "wbare")
+    sink = torchmon.WandbEventHandler(run)
+    handle = torchmon.register_event_handler(sink)
+    try:
+        with_sink = per_step_stat_add(steps, values, "wsink")
+        delivered = sink.flush(120)
+    finally:
+        torchmon.unregister_event_handler(handle)
+        sink.close()
+    start = time.perf_counter()
+    for step in range(direct_steps):
+        run.log({f"direct.s{i}": float(step) for i in range(values)})
+    direct = (time.perf_counter() - start) / direct_steps
+    run.finish()
+    per_value = values / 1e9
+    print(
+        f"  Stat.add only:            {bare * 1e6:9.3f} us/step ({bare / per_value:.0f} ns/value)"
+    )
+    print(
+        f"  Stat.add + W&B handler:   {with_sink * 1e6:9.3f} us/step "
+        f"({with_sink / per_value:.0f} ns/value; windows every 100 steps; delivered={delivered})"
+    )
+    print(f"  run.log:                  {direct * 1e6:9.3f} us/step")
+    print(f"  run.log / handler:        {direct / with_sink:,.0f}x")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--steps", type=int, default=20_000)
@@ -126,9 +184,18 @@ def main() -> None:
     parser.add_argument("--direct-steps", type=int, default=200)
     parser.add_argument("--windows", type=int, default=200)
     parser.add_argument("--no-server", action="store_true")
+    parser.add_argument("--wandb", action="store_true")
+    parser.add_argument("--wandb-only", action="store_true")
+    parser.add_argument("--wandb-direct-steps", type=int, default=2000)
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp_name:
         tmp = Path(tmp_name)
+        if args.wandb or args.wandb_only:
+            bench_wandb(tmp, args.steps, args.wandb_direct_steps, args.values)
+            if args.wandb_only:
+                return
+        if mlflow is None:
+            sys.exit("bench_trackers.py needs MLflow: pip install '.[mlflow]'")
         uri = f"sqlite:///{tmp / 'mlflow.db'}"
         print(f"training thread, per step of {args.values} values (sqlite store):")
         bare = per_step_stat_add(args.steps, args.values, "bare")

@@ -40,6 +40,7 @@ if TYPE_CHECKING:
     from .handlers.otel import OpenTelemetryEventHandler
     from .handlers.prometheus import PrometheusEventHandler
     from .handlers.tensorboard import TensorboardEventHandler
+    from .handlers.wandb import WandbEventHandler
 
 # System stats (docs/guide.md, "System stats"): imported on first use too.
 if TYPE_CHECKING:
@@ -53,6 +54,7 @@ _FROM_HANDLERS = frozenset(
         "OpenTelemetryEventHandler",
         "PrometheusEventHandler",
         "TensorboardEventHandler",
+        "WandbEventHandler",
         "read_jsonl",
     )
 )
@@ -143,6 +145,7 @@ __all__ = [
     "SystemStats",
     "TensorboardEventHandler",
     "WaitCounter",
+    "WandbEventHandler",
     "Watchdog",
     "_WaitCounter",
     "_WaitCounterTracker",

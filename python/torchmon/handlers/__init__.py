@@ -1,8 +1,8 @@
 """Event handlers (sinks) for torchmon.
 
-``PrometheusEventHandler``, ``OpenTelemetryEventHandler`` and
-``MLflowEventHandler`` import their libraries (the ``prometheus``, ``otel``
-and ``mlflow`` extras) only when created.
+``PrometheusEventHandler``, ``OpenTelemetryEventHandler``,
+``MLflowEventHandler`` and ``WandbEventHandler`` import their libraries (the
+``prometheus``, ``otel``, ``mlflow`` and ``wandb`` extras) only when created.
 """
 
 from .._core import AsyncEventHandler
@@ -11,6 +11,7 @@ from .mlflow import MLflowEventHandler
 from .otel import OpenTelemetryEventHandler
 from .prometheus import PrometheusEventHandler
 from .tensorboard import TensorboardEventHandler
+from .wandb import WandbEventHandler
 
 __all__ = [
     "AsyncEventHandler",
@@ -19,5 +20,6 @@ __all__ = [
     "OpenTelemetryEventHandler",
     "PrometheusEventHandler",
     "TensorboardEventHandler",
+    "WandbEventHandler",
     "read_jsonl",
 ]

@@ -32,9 +32,10 @@ the data goes, for the stderr lines). It overrides:
   delivery or the ``export_timeout`` that bounds it: ends what ``_start``
   began (an MLflow run the handler created).
 
-A W&B subclass is then ``_start``: ``wandb.init`` (or the active run);
-``_send``: the rows grouped by step, one ``run.log(dict, step=step)`` per
-step; ``_finish``: ``run.finish()`` if it started the run.
+The W&B subclass (``wandb.py``) is ``_start``: ``wandb.init`` (or the
+active run); ``_send``: the rows grouped by step, one ``run.log(dict)`` per
+step with the step in the dict (not ``step=``: W&B drops a lower one);
+``_finish``: ``run.finish()`` if it started the run.
 
 Shared arguments (keyword-only, checked here; errors name ``_OWNER``):
 ``step`` (``None``: each window's number per Stat, 1, 2, 3...; a callable:
