@@ -109,3 +109,11 @@ def clear_torchrun_env(monkeypatch: Any) -> None:
     """The process environment without any of torchrun's variables."""
     for variable in TORCHRUN_VARIABLES:
         monkeypatch.delenv(variable, raising=False)
+
+
+def emit_open_windows(*stats: Any) -> None:
+    """Emits these Stats' open windows now, as ``torchmon.flush()`` does for
+    every live Stat: a test comparing what a sink received uses this, so that
+    a Stat another test left alive (or a sampler's) adds nothing to it."""
+    for stat in stats:
+        stat._flush_window()

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from support import registered
+from support import emit_open_windows, registered
 
 import torchmon
 from torchmon import Aggregation, Event, Stat
@@ -77,7 +77,7 @@ def test_histories_equal_the_jsonl_log(store: str, tmp_path: Path) -> None:
                 loss.add(float(window * 10 + i))
             if window % 2 == 0:
                 lr.add(0.1 / (window + 1))
-            torchmon.flush()
+            emit_open_windows(loss, lr)
         assert sink.flush(30.0)
     log.close()
     sink.close()
@@ -100,7 +100,7 @@ def test_active_run_is_used(store: str) -> None:
             with registered(sink):
                 stat = Stat("a", [Aggregation.MEAN], timedelta(hours=1))
                 stat.add(2.0)
-                torchmon.flush()
+                emit_open_windows(stat)
             sink.close()
             # Not ended by the handler: it is the user's.
             assert MlflowClient(store).get_run(run.info.run_id).info.status == "RUNNING"
@@ -119,7 +119,7 @@ def test_step_callable_nan_inf_and_renamed_key(
         for value in (math.nan, math.inf, -math.inf, 1.5):
             step[0] += 100
             stat.add(value)
-            torchmon.flush()
+            emit_open_windows(stat)
     sink.close()
     got = histories(store, sink.run_id)  # type: ignore[arg-type]
     values = [(v, s) for v, s, _ in got["odd key_.mean"]]
@@ -156,7 +156,7 @@ def test_batches_of_at_most_1000(store: str) -> None:
         stats = [Stat(f"s{i}", [Aggregation.MEAN], timedelta(hours=1)) for i in range(1500)]
         for stat in stats:
             stat.add(1.0)
-        torchmon.flush()
+        emit_open_windows(*stats)
     sink.close()
     assert sum(sent) == 1500 and max(sent) <= 1000
     assert len(histories(store, sink.run_id)) == 1500  # type: ignore[arg-type]

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from support import registered
+from support import emit_open_windows, registered
 from wandb_offline import read_config, read_history, read_summary
 
 import torchmon
@@ -102,14 +102,6 @@ def same(got: dict[str, list[tuple[float, int]]], want: dict[str, list[tuple[flo
     return True
 
 
-def flush_own(*stats: Stat) -> None:
-    """Emits these Stats' open windows (what torchmon.flush() does for every
-    live Stat, here only the test's: a Stat another test left alive, or a
-    sampler's, must not add rows to the run under test)."""
-    for stat in stats:
-        stat._flush_window()
-
-
 class LogSpy:
     """Wraps ``run.log``: the calls and the threads they came from."""
 
@@ -138,7 +130,7 @@ def test_history_equals_the_jsonl_log(offline_env: Path) -> None:
             for i in range(10):
                 loss.add(float(window * 10 + i) / 4)
             special.add([math.nan, math.inf, -math.inf, 2.0, 0.1, -0.0][window])
-            flush_own(loss, special)
+            emit_open_windows(loss, special)
         assert sink.flush(30.0)
     log.close()
     sink.close()
@@ -172,7 +164,7 @@ def test_two_rates_every_window_kept(offline_env: Path) -> None:
                 clock.advance(1000)
                 if i % 3 == 2:
                     assert sink.flush(30.0)  # fast's windows delivered ahead of slow's
-            flush_own(fast, slow)  # the open windows
+            emit_open_windows(fast, slow)  # the open windows
         assert sink.flush(30.0)
     log.close()
     sink.close()
@@ -205,7 +197,7 @@ def test_handler_starts_and_finishes_its_run(offline_env: Path) -> None:
     with registered(sink):
         stat = Stat("a", [Aggregation.MEAN], timedelta(hours=1))
         stat.add(2.5)
-        flush_own(stat)
+        emit_open_windows(stat)
     start = time.monotonic()
     sink.close()
     assert time.monotonic() - start < sink._timeout + 1.0
@@ -226,7 +218,7 @@ def test_active_run_used_not_finished(offline_env: Path) -> None:
         with registered(sink):
             stat = Stat("a", [Aggregation.MEAN], timedelta(hours=1))
             stat.add(1.0)
-            flush_own(stat)
+            emit_open_windows(stat)
         sink.close()
         assert wandb.run is run  # the user's: not finished by the handler
         run.log({"mine": 3})
@@ -260,7 +252,7 @@ def test_renamed_key(offline_env: Path, capfd: pytest.CaptureFixture[str]) -> No
     with registered(sink):
         stat = Stat("a*b", [Aggregation.MEAN, Aggregation.MAX], timedelta(hours=1))
         stat.add(1.0)
-        flush_own(stat)
+        emit_open_windows(stat)
     sink.close()
     run.finish()
     rows = read_history(run_dir(run))

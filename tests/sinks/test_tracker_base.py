@@ -11,7 +11,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 import pytest
-from support import registered, run_python
+from support import emit_open_windows, registered, run_python
 from tracker_fake import Fake
 
 import torchmon
@@ -41,7 +41,7 @@ def test_rows_steps_and_order() -> None:
         for i in range(3):
             stat.add(float(i))
             other.add(0.5)
-            torchmon.flush()
+            emit_open_windows(stat, other)
         torchmon.log_event(Event("epoch_end", datetime.now(), {"epoch": 1}))
         assert sink.flush(5.0)
     sink.close()
@@ -65,7 +65,7 @@ def test_step_callable_and_batch_size() -> None:
         for i in range(5):
             stat.add(float(i))
             step[0] += 10
-            torchmon.flush()
+            emit_open_windows(stat)
         assert sink.flush(5.0)
     sink.close()
     assert {row[2] for row in sink.rows()} == {110, 120, 130, 140, 150}
