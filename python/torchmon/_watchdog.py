@@ -232,12 +232,18 @@ class Watchdog(_Watchdog):
             self._resume()
 
     def close(self) -> None:
-        """Stops the watchdog's threads (a report in progress finishes first)
-        and emits the sections' open windows; idempotent."""
-        self._stop_reporter.set()
+        """Stops the watchdog's threads (a report in progress finishes first);
+        idempotent. The sections' Stats go on as any Stat (their open windows
+        are emitted by ``torchmon.flush()``, at exit or when they are
+        destroyed). In a forked child,
+        whose copy has no thread, it only marks the copy closed: it touches
+        no lock the parent's threads may have held at the fork."""
         self._stop()
+        if os.getpid() != self._pid:
+            return
+        self._stop_reporter.set()
         reporter = self._reporter
-        if os.getpid() == self._pid and reporter is not threading.current_thread():
+        if reporter is not threading.current_thread():
             reporter.join(timeout=5.0)
 
     def __enter__(self) -> Watchdog:

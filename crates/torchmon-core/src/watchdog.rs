@@ -242,7 +242,12 @@ pub struct Shared {
     /// The open section: an index into `sections` plus one, 0 for none.
     open_section: AtomicU32,
     sections: Mutex<Vec<String>>,
-    stopped: Mutex<bool>,
+    /// Set by `close`; an atomic, so that a forked child's `close` (whose
+    /// copy of `sleeping` a parent thread may have held at the fork) takes
+    /// no lock.
+    stopped: AtomicBool,
+    /// What the watchdog's thread sleeps on between two looks at the beats.
+    sleeping: Mutex<()>,
     wake: Condvar,
 }
 
@@ -375,7 +380,7 @@ impl Shared {
     }
 
     fn is_stopped(&self) -> bool {
-        *self.stopped.lock()
+        self.stopped.load(Ordering::Acquire)
     }
 
     /// Writes the dump file: a header, then the stacks. `None` (and one line
@@ -529,7 +534,8 @@ impl Watchdog {
             paused: AtomicU32::new(0),
             open_section: AtomicU32::new(0),
             sections: Mutex::new(Vec::new()),
-            stopped: Mutex::new(false),
+            stopped: AtomicBool::new(false),
+            sleeping: Mutex::new(()),
             wake: Condvar::new(),
         });
         let (sender, receiver) = std::sync::mpsc::channel::<Report>();
@@ -566,20 +572,24 @@ impl Watchdog {
     /// does not have them, nor from a report, on the delivering thread).
     /// The reports found before, if any, are delivered first.
     pub fn close(&self) {
-        *self.shared.stopped.lock() = true;
+        self.shared.stopped.store(true, Ordering::Release);
+        if self.shared.pid != pid() {
+            // A forked child: the threads are the parent's, and so may be
+            // the locks below (held by one of them at the fork).
+            return;
+        }
+        // Taken and released, so that the thread either sees `stopped`
+        // before it sleeps or is asleep and gets the notification.
+        drop(self.shared.sleeping.lock());
         self.shared.wake.notify_all();
-        let in_parent = self.shared.pid == pid();
         let thread = self.thread.lock().take();
-        if let Some(thread) = thread
-            && in_parent
-        {
+        if let Some(thread) = thread {
             let _ = thread.join();
         }
         // The watchdog's thread is gone, and with it the sender: the
         // delivering thread ends once it delivered what was sent.
         let delivery = self.delivery.lock().take();
         if let Some(delivery) = delivery
-            && in_parent
             && delivery.thread().id() != std::thread::current().id()
         {
             let _ = delivery.join();
@@ -603,15 +613,15 @@ fn watch(shared: &Shared, report: impl Fn(Report)) {
     let mut hung_at: Option<(u64, i64)> = None;
     loop {
         {
-            let mut stopped = shared.stopped.lock();
-            if !*stopped {
+            let mut sleeping = shared.sleeping.lock();
+            if !shared.is_stopped() {
                 shared
                     .wake
-                    .wait_for(&mut stopped, Duration::from_millis(POLL_MS));
+                    .wait_for(&mut sleeping, Duration::from_millis(POLL_MS));
             }
-            if *stopped {
-                return;
-            }
+        }
+        if shared.is_stopped() {
+            return;
         }
         if shared.is_paused() {
             continue;
@@ -713,7 +723,8 @@ mod tests {
             paused: AtomicU32::new(0),
             open_section: AtomicU32::new(0),
             sections: Mutex::new(Vec::new()),
-            stopped: Mutex::new(false),
+            stopped: AtomicBool::new(false),
+            sleeping: Mutex::new(()),
             wake: Condvar::new(),
         }
     }
