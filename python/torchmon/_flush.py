@@ -18,7 +18,7 @@ from collections.abc import Iterable
 from types import FrameType
 
 from . import _core, _tensors
-from ._errors import arg_message, arg_type_error, arg_value_error
+from ._errors import arg_message, arg_type_error, arg_value_error, check_optional_seconds
 from ._errors import report_unraisable as _report_unraisable
 
 # typing costs about 9 ms of `import torchmon` (docs/performance.md): its
@@ -58,14 +58,7 @@ def _register_flushable(sink: _Flushable) -> None:
 
 
 def _timeout_arg(timeout: object, where: str) -> float | None:
-    if timeout is None:
-        return None
-    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)):
-        raise arg_type_error(where, "timeout", "a number of seconds or None", timeout)
-    seconds = float(timeout)
-    if not seconds >= 0.0:  # also NaN
-        raise arg_value_error(where, "timeout", f"must be >= 0 seconds, got {timeout!r}")
-    return seconds
+    return check_optional_seconds(where, "timeout", timeout, zero=True)
 
 
 class _FirstError:

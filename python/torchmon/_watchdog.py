@@ -34,7 +34,15 @@ from ._core import (
     _Watchdog,
     log_event,
 )
-from ._errors import arg_type_error, arg_value_error, report_unraisable
+from ._errors import (
+    arg_type_error,
+    arg_value_error,
+    check_int,
+    check_optional_seconds,
+    check_seconds,
+    report_unraisable,
+)
+from ._forksafe import new_lock
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -67,7 +75,7 @@ _STORE_PREFIX = "torchmon/watchdog/"
 # per process; two watchdogs share it. A bare descriptor, not a file object:
 # it stays open for the life of the process (no ResourceWarning at exit).
 _dumper: tuple[int, int] | None = None
-_dumper_lock = threading.Lock()
+_dumper_lock = new_lock()
 _live: weakref.WeakSet[Watchdog] = weakref.WeakSet()
 
 
@@ -96,15 +104,6 @@ def _register_stack_dumper(signum: int) -> None:
             faulthandler.unregister(_dumper[0])
             os.close(_dumper[1])
         _dumper = (signum, fd)
-
-
-def _seconds(name: str, value: object, optional: bool = False) -> float | None:
-    if value is None and optional:
-        return None
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        expected = "a number of seconds or None" if optional else "a number of seconds"
-        raise arg_type_error(_CALL, name, expected, value)
-    return float(value)
 
 
 def _distributed() -> Any:
@@ -144,40 +143,25 @@ class Watchdog(_Watchdog):
         dump_signal: int | None = None,
         store: Any = None,
     ) -> None:
-        min_timeout_s = _seconds("min_timeout", min_timeout)
+        min_timeout_s = check_seconds(_CALL, "min_timeout", min_timeout, finite=True)
         if isinstance(factor, bool) or not isinstance(factor, (int, float)):
             raise arg_type_error(_CALL, "factor", "a number", factor)
-        max_timeout_s = _seconds("max_timeout", max_timeout, optional=True)
-        first_timeout_s = _seconds("first_timeout", first_timeout, optional=True)
-        if isinstance(warmup_beats, bool) or not isinstance(warmup_beats, int):
-            raise arg_type_error(_CALL, "warmup_beats", "an int", warmup_beats)
-        if not 0 <= warmup_beats < 2**63:
-            raise arg_value_error(
-                _CALL, "warmup_beats", f"must be in 0..2**63 - 1, not {warmup_beats}"
-            )
+        max_timeout_s = check_optional_seconds(_CALL, "max_timeout", max_timeout, finite=True)
+        first_timeout_s = check_optional_seconds(_CALL, "first_timeout", first_timeout, finite=True)
+        check_int(_CALL, "warmup_beats", warmup_beats, low=0, high=2**63 - 1)
         if dump_dir is not None and not isinstance(dump_dir, (str, os.PathLike)):
             raise arg_type_error(_CALL, "dump_dir", "a path or None", dump_dir)
-        if exit_code is not None and (
-            isinstance(exit_code, bool) or not isinstance(exit_code, int)
-        ):
-            raise arg_type_error(_CALL, "exit_code", "an int or None", exit_code)
-        if exit_code is not None and not 0 <= exit_code <= 255:
-            raise arg_value_error(_CALL, "exit_code", f"must be in 0..255, not {exit_code}")
-        interval = _seconds("report_interval", report_interval)
-        assert interval is not None and min_timeout_s is not None
-        if not (math.isfinite(interval) and interval > 0):
-            raise arg_value_error(
-                _CALL, "report_interval", f"must be a positive finite number, not {interval!r}"
-            )
-        if dump_signal is not None and (
-            isinstance(dump_signal, bool) or not isinstance(dump_signal, int)
-        ):
-            raise arg_type_error(_CALL, "dump_signal", "a signal number or None", dump_signal)
-        if dump_signal is not None and not 0 < dump_signal < signal.NSIG:
-            raise arg_value_error(
+        if exit_code is not None:
+            check_int(_CALL, "exit_code", exit_code, low=0, high=255, expected="an int or None")
+        interval = check_seconds(_CALL, "report_interval", report_interval, finite=True)
+        if dump_signal is not None:
+            check_int(
                 _CALL,
                 "dump_signal",
-                f"must be a signal number in 1..{signal.NSIG - 1}, not {dump_signal}",
+                dump_signal,
+                low=1,
+                high=signal.NSIG - 1,
+                expected="a signal number or None",
             )
         from ._rank import rank_info
 

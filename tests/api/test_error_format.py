@@ -113,3 +113,45 @@ def test_the_scan_finds_hand_written_messages(tmp_path: Path) -> None:
     )
     found = hand_written_argument_errors(tmp_path)
     assert [entry.split(":")[1] for entry in found] == ["2", "3", "4"]
+
+
+def test_one_rule_for_ints_and_seconds() -> None:
+    """The package's ints and numbers of seconds are checked by
+    `_errors.check_int` / `check_seconds`: `bool` refused, the bounds and the
+    value in the message, NaN and (when asked) the infinities refused."""
+    import math
+
+    import pytest
+
+    from torchmon._errors import check_int, check_optional_seconds, check_seconds
+
+    assert check_int("f", "n", 3, low=1, high=3) == 3
+    with pytest.raises(TypeError, match=r"^f\(n\): n must be an int, not bool$"):
+        check_int("f", "n", True, low=0)
+    with pytest.raises(ValueError, match=r"^f\(n\): n must be >= 1, got 0$"):
+        check_int("f", "n", 0, low=1)
+    with pytest.raises(ValueError, match=r"^f\(n\): n must be <= 3, got 4$"):
+        check_int("f", "n", 4, high=3)
+    with pytest.raises(ValueError, match=r"^f\(n\): n must be in 1\.\.3, got 4$"):
+        check_int("f", "n", 4, low=1, high=3)
+
+    assert check_seconds("f", "t", 2) == 2.0 and isinstance(check_seconds("f", "t", 2), float)
+    assert check_seconds("f", "t", 0, zero=True) == 0.0
+    assert check_seconds("f", "t", math.inf) == math.inf
+    assert check_optional_seconds("f", "t", None) is None
+    with pytest.raises(TypeError, match=r"^f\(t\): t must be a number of seconds or None, not"):
+        check_optional_seconds("f", "t", "1")
+    with pytest.raises(TypeError, match=r"^f\(t\): t must be a number of seconds, not bool$"):
+        check_seconds("f", "t", False)
+    for bad in (0, -1.0, math.nan):
+        with pytest.raises(ValueError, match=r"^f\(t\): t must be > 0 seconds, got"):
+            check_seconds("f", "t", bad)
+    with pytest.raises(ValueError, match=r"^f\(t\): t must be >= 0 seconds, got -1$"):
+        check_seconds("f", "t", -1, zero=True)
+    for bad in (math.inf, 10**400):
+        with pytest.raises(ValueError, match=r"^f\(t\): t must be > 0 seconds and finite, got"):
+            check_seconds("f", "t", bad, finite=True)
+    with pytest.raises(ValueError, match=r"must be > 0 seconds, got -1000"):
+        check_seconds("f", "t", -(10**400))
+    with pytest.raises(ValueError, match=r"^f\(n\): n must be <= 3, got an int too long to show$"):
+        check_int("f", "n", 10**5000, high=3)

@@ -205,7 +205,7 @@ def test_bad_arguments(store: str) -> None:
     with pytest.raises(TypeError, match=r"^MLflowEventHandler\(run_id\): run_id must be a str"):
         torchmon.MLflowEventHandler(store, run_id=3)  # type: ignore[arg-type]
     with pytest.raises(
-        ValueError, match=r"^MLflowEventHandler\(batch_size\): batch_size must be <= 1000"
+        ValueError, match=r"^MLflowEventHandler\(batch_size\): batch_size must be in 1\.\.1000, got"
     ):
         torchmon.MLflowEventHandler(store, batch_size=1001)
     with pytest.raises(ValueError, match=r"^MLflowEventHandler\(tags\): tags has a key"):

@@ -7,10 +7,12 @@ gauge per numeric data value, and closing in a ``with`` block.
 from __future__ import annotations
 
 import math
+import weakref
 from collections.abc import Mapping
 from types import TracebackType
 from typing import Any, Callable, TypeVar
 
+from .. import _lifecycle
 from .._errors import arg_message, arg_type_error
 
 __all__ = [
@@ -81,6 +83,23 @@ def stat_description(key: str) -> str:
     return f"torchmon Stat value {key!r}"
 
 
+def shortened(name: str, key: str, limit: int) -> str:
+    """``name``, a sink's name of Stat key ``key``, within ``limit``
+    characters: a longer one keeps its last ``.<suffix>`` (the aggregation:
+    ``.mean``, ``.p99``) and the start of the rest, joined by ``-`` and 8 hex
+    digits of the key's SHA-256, so that every key keeps a name of its own."""
+    if len(name) <= limit:
+        return name
+    import hashlib  # only here: `import torchmon` stays fast (docs/performance.md)
+
+    digest = hashlib.sha256(key.encode("utf-8", "surrogatepass")).hexdigest()[:8]
+    stem, dot, suffix = name.rpartition(".")
+    if not dot or len(suffix) > 16:
+        stem, suffix = name, ""
+    tail = f"-{digest}" + (f".{suffix}" if suffix else "")
+    return stem[: limit - len(tail)] + tail
+
+
 def set_numeric_values(
     data: Mapping[str, object],
     gauge_of: Callable[[str], _T],
@@ -127,3 +146,41 @@ class ClosesOnExit:
         traceback: TracebackType | None,
     ) -> None:
         self.close()
+
+
+class ClosesAtExit(ClosesOnExit):
+    """A sink whose ``_close(at_exit=True)`` is an exit step of
+    torchmon/_lifecycle.py (``close_at_exit``), run while the sink is alive
+    (held weakly): the ones that deliver remotely, and end what they started."""
+
+    __slots__ = ("_at_exit", "_closed")
+    _at_exit: Callable[[], None] | None
+    _closed: bool
+
+    def _close(self, *, at_exit: bool) -> None:
+        raise NotImplementedError
+
+    def _close_at_exit(self) -> None:
+        """Registers the exit step (again: it then runs before the exit
+        hooks registered since)."""
+        if self._at_exit is not None:
+            _lifecycle.cancel_at_exit(self._at_exit)
+        ref = weakref.ref(self)
+
+        def close() -> None:
+            alive = ref()
+            if alive is not None:
+                alive._close(at_exit=True)
+
+        self._at_exit = _lifecycle.close_at_exit(close)
+
+    def _begin_close(self) -> bool:
+        """Marks the sink closed and takes its exit step back; False when it
+        was closed already."""
+        if self._closed:
+            return False
+        self._closed = True
+        if self._at_exit is not None:
+            _lifecycle.cancel_at_exit(self._at_exit)
+            self._at_exit = None
+        return True

@@ -57,7 +57,6 @@ flush and after the local sinks were flushed (``_lifecycle.close_at_exit``);
 
 from __future__ import annotations
 
-import math
 import os
 import sys
 import threading
@@ -67,12 +66,11 @@ from collections import deque
 from itertools import islice
 from typing import Any, Callable, Union
 
-from .. import _lifecycle
 from .._core import STAT_EVENT, Event
-from .._errors import arg_type_error, arg_value_error
+from .._errors import arg_type_error, check_int, check_optional_seconds
 from .._flush import _flush_local_sinks, _register_flushable
 from .._forksafe import new_lock
-from ._common import ClosesOnExit, set_numeric_values
+from ._common import ClosesAtExit, set_numeric_values
 
 __all__ = ["DEFAULT_EXPORT_TIMEOUT", "Row", "TrackerEventHandler"]
 
@@ -98,26 +96,6 @@ def _reset_in_child() -> None:
         handler._reset_after_fork()
 
 
-def _seconds(owner: str, arg: str, value: object, default: float) -> float:
-    if value is None:
-        return default
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise arg_type_error(owner, arg, "a number of seconds or None", value)
-    if not value > 0 or math.isinf(value):  # also NaN
-        raise arg_value_error(owner, arg, f"must be > 0 seconds and finite, got {value!r}")
-    return float(value)
-
-
-def _count(owner: str, arg: str, value: object, maximum: int | None = None) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise arg_type_error(owner, arg, "an int", value)
-    if value < 1:
-        raise arg_value_error(owner, arg, f"must be >= 1, got {value!r}")
-    if maximum is not None and value > maximum:
-        raise arg_value_error(owner, arg, f"must be <= {maximum}, got {value!r}")
-    return value
-
-
 class _Window:
     """A Stat window as queued by the logging thread: converted to rows on
     the sender thread."""
@@ -130,7 +108,7 @@ class _Window:
         self.timestamp = timestamp
 
 
-class TrackerEventHandler(ClosesOnExit):
+class TrackerEventHandler(ClosesAtExit):
     """The base of the tracker sinks (module docstring: the subclass contract)."""
 
     # torchmon.flush() and the exit flush it after the sinks that write locally.
@@ -139,9 +117,7 @@ class TrackerEventHandler(ClosesOnExit):
 
     __slots__ = (
         "__weakref__",
-        "_at_exit",
         "_batch_size",
-        "_closed",
         "_delivered",
         "_destination",
         "_dropped",
@@ -155,6 +131,8 @@ class TrackerEventHandler(ClosesOnExit):
         "_outage_dropped",
         "_owner_pid",
         "_queue",
+        "_renamed",
+        "_reported_rename",
         "_retry_interval",
         "_sleeping",
         "_started",
@@ -181,21 +159,23 @@ class TrackerEventHandler(ClosesOnExit):
         if step is not None and not callable(step):
             raise arg_type_error(owner, "step", "None or a callable returning an int", step)
         self._step = step
-        self._max_queue = _count(owner, "max_queue", max_queue)
-        self._batch_size = _count(owner, "batch_size", batch_size, max_batch_size)
-        self._timeout = _seconds(owner, "export_timeout", export_timeout, DEFAULT_EXPORT_TIMEOUT)
-        self._retry_interval = _seconds(
-            owner, "retry_interval", retry_interval, DEFAULT_RETRY_INTERVAL
-        )
+        self._max_queue = check_int(owner, "max_queue", max_queue, low=1)
+        self._batch_size = check_int(owner, "batch_size", batch_size, low=1, high=max_batch_size)
+        timeout = check_optional_seconds(owner, "export_timeout", export_timeout, finite=True)
+        self._timeout = DEFAULT_EXPORT_TIMEOUT if timeout is None else timeout
+        retry = check_optional_seconds(owner, "retry_interval", retry_interval, finite=True)
+        self._retry_interval = DEFAULT_RETRY_INTERVAL if retry is None else retry
         self._destination = destination
+        self._renamed: dict[str, str] = {}  # Stat key -> the tracker's name of it
+        self._reported_rename = False
         self._lock = new_lock()
         self._closed = False
-        self._at_exit: Callable[[], None] | None = None
+        self._at_exit = None
         self._reset_after_fork()
         self._owner_pid = os.getpid()
         _handlers.add(self)
         _register_flushable(self)  # type: ignore[arg-type]  # its flush returns a bool
-        self._at_exit = _close_at_exit(self)
+        self._close_at_exit()
 
     def _reset_after_fork(self) -> None:
         self._owner_pid = os.getpid()
@@ -408,12 +388,8 @@ class TrackerEventHandler(ClosesOnExit):
         self._close(at_exit=False)
 
     def _close(self, *, at_exit: bool) -> None:
-        if self._closed:
+        if not self._begin_close():
             return
-        self._closed = True
-        if self._at_exit is not None:
-            _lifecycle.cancel_at_exit(self._at_exit)
-            self._at_exit = None
         if at_exit:
             # The local sinks first: a dead tracker must not keep them waiting.
             _flush_local_sinks()
@@ -451,7 +427,30 @@ class TrackerEventHandler(ClosesOnExit):
         if not done.wait(left):
             self._report_line(f"closing did not finish within export_timeout={self._timeout:g} s")
 
+    def _key(self, key: str) -> str:
+        """Sender thread: the tracker's name of ``key`` (``_tracker_key``);
+        the first renamed key is reported, once."""
+        name = self._renamed.get(key)
+        if name is None:
+            name = self._tracker_key(key)
+            if name != key and not self._reported_rename:
+                self._reported_rename = True
+                self._report_line(
+                    f"key {key!r} sent as {name!r} ({self._renames_because}); "
+                    "later renamed keys are not reported"
+                )
+            self._renamed[key] = name
+        return name
+
     # --- subclass hooks ---------------------------------------------------
+
+    #: Why ``_tracker_key`` renames a key, for the report of the first one.
+    _renames_because = ""
+
+    @staticmethod
+    def _tracker_key(key: str) -> str:
+        """The tracker's name of a Stat key (a pure function of it)."""
+        return key
 
     def _start(self) -> None:
         """Sender thread, before the first send (and again after a failed one)."""
@@ -523,16 +522,3 @@ def _rows(window: _Window) -> list[Row]:
 
 def _same(key: str) -> str:
     return key
-
-
-def _close_at_exit(handler: TrackerEventHandler) -> Callable[[], None]:
-    """``handler._close(at_exit=True)`` at interpreter exit (an exit step of
-    torchmon/_lifecycle.py), holding the handler weakly."""
-    ref = weakref.ref(handler)
-
-    def close() -> None:
-        alive = ref()
-        if alive is not None:
-            alive._close(at_exit=True)
-
-    return _lifecycle.close_at_exit(close)

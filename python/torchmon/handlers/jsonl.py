@@ -42,7 +42,7 @@ from datetime import datetime, timedelta, timezone
 from typing import TYPE_CHECKING, Any, BinaryIO, Generic, Literal, TypeVar, overload
 
 from .._core import Event
-from .._errors import arg_type_error, arg_value_error
+from .._errors import arg_type_error, arg_value_error, check_int
 from .._forksafe import new_lock
 from ._common import ClosesOnExit
 
@@ -181,18 +181,8 @@ class JsonlEventHandler(ClosesOnExit):
             raise arg_type_error("JsonlEventHandler", "distributions", "a bool", distributions)
         self._distributions = distributions
         if max_bytes is not None:
-            if isinstance(max_bytes, bool) or not isinstance(max_bytes, int):
-                raise arg_type_error("JsonlEventHandler", "max_bytes", "an int or None", max_bytes)
-            if max_bytes <= 0:
-                raise arg_value_error(
-                    "JsonlEventHandler", "max_bytes", f"must be > 0, got {max_bytes}"
-                )
-        if isinstance(backup_count, bool) or not isinstance(backup_count, int):
-            raise arg_type_error("JsonlEventHandler", "backup_count", "an int", backup_count)
-        if backup_count < 0:
-            raise arg_value_error(
-                "JsonlEventHandler", "backup_count", f"must be >= 0, got {backup_count}"
-            )
+            check_int("JsonlEventHandler", "max_bytes", max_bytes, low=1, expected="an int or None")
+        check_int("JsonlEventHandler", "backup_count", backup_count, low=0)
         self._max_bytes = max_bytes
         self._backup_count = backup_count
         self._lock = new_lock()

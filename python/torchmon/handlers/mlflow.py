@@ -9,7 +9,6 @@ fork are :class:`torchmon.handlers._tracker.TrackerEventHandler`'s.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import posixpath
@@ -21,7 +20,7 @@ from urllib.parse import urlsplit
 
 from .._core import Event
 from .._errors import arg_type_error, arg_value_error
-from ._common import check_mapping, require
+from ._common import check_mapping, require, shortened
 from ._tracker import DEFAULT_BATCH_SIZE, DEFAULT_MAX_QUEUE, Row, StepOption, TrackerEventHandler
 
 __all__ = ["MLflowEventHandler", "mlflow_key"]
@@ -56,14 +55,7 @@ def mlflow_key(key: str) -> str:
         name = name.replace("/", "_")
         if not name or name == "." or name.startswith(".."):
             name = "_" + name
-    if len(name) <= _MAX_KEY:
-        return name
-    digest = hashlib.sha256(key.encode("utf-8", "surrogatepass")).hexdigest()[:8]
-    stem, dot, suffix = name.rpartition(".")
-    if not dot or len(suffix) > 16:
-        stem, suffix = name, ""
-    tail = f"-{digest}" + (f".{suffix}" if suffix else "")
-    return stem[: _MAX_KEY - len(tail)] + tail
+    return shortened(name, key, _MAX_KEY)
 
 
 def _check_tag_key(key: str) -> None:
@@ -118,13 +110,14 @@ class MLflowEventHandler(TrackerEventHandler):
     """
 
     _OWNER = _OWNER
+    _renames_because = "MLflow refuses it as it is"
+    _tracker_key = staticmethod(mlflow_key)
 
     __slots__ = (
         "_client",
         "_created",
         "_experiment_name",
         "_other_events",
-        "_renamed",
         "_rest",
         "_run_id",
         "_run_name",
@@ -178,7 +171,6 @@ class MLflowEventHandler(TrackerEventHandler):
         self._experiment_name = experiment_name
         self._run_name = run_name
         self._other_events = other_events
-        self._renamed: dict[str, str] = {}
         self._created = False
         super().__init__(
             destination=f"MLflow at {uri}",
@@ -256,18 +248,6 @@ class MLflowEventHandler(TrackerEventHandler):
         run = client.create_run(experiment_id, tags=tags, run_name=name)
         self._run_id = run.info.run_id
         self._created = True
-
-    def _key(self, key: str) -> str:
-        name = self._renamed.get(key)
-        if name is None:
-            name = mlflow_key(key)
-            if name != key and not any(k != v for k, v in self._renamed.items()):
-                self._report_line(
-                    f"key {key!r} sent as {name!r} (MLflow refuses it as it is); "
-                    "later renamed keys are not reported"
-                )
-            self._renamed[key] = name
-        return name
 
     def _send(self, batch: list[Row]) -> None:
         from mlflow.entities import Metric

@@ -16,16 +16,27 @@ import re
 import sys
 import threading
 import time
-import weakref
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, Callable, Union
 
-from .. import _lifecycle
 from .._core import STAT_EVENT, Event
-from .._errors import arg_message, arg_type_error, arg_value_error
+from .._errors import (
+    arg_message,
+    arg_type_error,
+    arg_value_error,
+    check_int,
+    check_optional_seconds,
+)
 from .._flush import _flush_local_sinks, _register_flushable
 from .._forksafe import new_lock
-from ._common import ClosesOnExit, check_mapping, require, set_numeric_values, stat_description
+from ._common import (
+    ClosesAtExit,
+    check_mapping,
+    require,
+    set_numeric_values,
+    shortened,
+    stat_description,
+)
 
 if TYPE_CHECKING:
     from opentelemetry.metrics import Meter, MeterProvider
@@ -68,16 +79,7 @@ def otel_instrument_name(key: str) -> str:
     name = _INVALID_INSTRUMENT_CHAR.sub("_", key)
     if not name or not ("a" <= name[0] <= "z" or "A" <= name[0] <= "Z"):
         name = "torchmon." + name
-    if len(name) <= _MAX_INSTRUMENT_NAME:
-        return name
-    import hashlib
-
-    digest = hashlib.sha256(key.encode("utf-8", "surrogatepass")).hexdigest()[:8]
-    stem, dot, suffix = name.rpartition(".")
-    if not dot or len(suffix) > 16:
-        stem, suffix = name, ""
-    tail = f"-{digest}" + (f".{suffix}" if suffix else "")
-    return stem[: _MAX_INSTRUMENT_NAME - len(tail)] + tail
+    return shortened(name, key, _MAX_INSTRUMENT_NAME)
 
 
 _P_SUFFIXES = frozenset(("p50", "p90", "p95", "p99", "p999"))
@@ -497,44 +499,17 @@ def _periodic_reader(
     return _reader_class(exporter, histograms, progress, interval_ms, timeout_ms)
 
 
-def _close_at_exit(handler: OpenTelemetryEventHandler) -> Callable[[], None]:
-    """``handler.close()`` at interpreter exit (an exit step of
-    torchmon/_lifecycle.py), holding the handler weakly: the last windows
-    are exported."""
-    ref = weakref.ref(handler)
-
-    def close() -> None:
-        alive = ref()
-        if alive is not None:
-            alive._close(at_exit=True)
-
-    return _lifecycle.close_at_exit(close)
-
-
 def _seconds_to_ms(value: object, argument: str, call: str = _OWNER) -> float | None:
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise arg_type_error(call, argument, "a number of seconds or None", value)
-    if not value > 0:  # also NaN
-        raise arg_value_error(call, argument, f"must be > 0 seconds, got {value!r}")
-    return float(value) * 1000.0
+    seconds = check_optional_seconds(call, argument, value)
+    return None if seconds is None else seconds * 1000.0
 
 
 def _check_max_buckets(max_buckets: object) -> int:
-    if isinstance(max_buckets, bool) or not isinstance(max_buckets, int):
-        raise arg_type_error(_OWNER, "max_buckets", "an int", max_buckets)
-    if max_buckets < 3:
-        raise arg_value_error(
-            _OWNER,
-            "max_buckets",
-            "must be >= 3 (at OpenTelemetry's smallest scale every double falls into 3 "
-            f"buckets), got {max_buckets}",
-        )
-    return max_buckets
+    # At OpenTelemetry's smallest scale every double falls into 3 buckets.
+    return check_int(_OWNER, "max_buckets", max_buckets, low=3)
 
 
-class OpenTelemetryEventHandler(ClosesOnExit):
+class OpenTelemetryEventHandler(ClosesAtExit):
     """An event handler recording every Stat window with OpenTelemetry gauges,
     and the distributions of Stats with P aggregations as exponential
     histograms when it owns its exporter.
@@ -593,9 +568,7 @@ class OpenTelemetryEventHandler(ClosesOnExit):
 
     __slots__ = (
         "__weakref__",  # torchmon.flush() and the exit hook hold it weakly
-        "_at_exit",
         "_attributes",
-        "_closed",
         "_destination",
         "_export_timeout",
         "_failing",
@@ -693,10 +666,10 @@ class OpenTelemetryEventHandler(ClosesOnExit):
         # histograms, but not its exporting thread: exporting them from the
         # child would send the parent's data twice (docs/sinks.md).
         self._owner_pid = os.getpid()
-        self._at_exit: Callable[[], None] | None = None
+        self._at_exit = None
         if self._provider is not None:
             _register_flushable(self)
-            self._at_exit = _close_at_exit(self)
+            self._close_at_exit()
 
     def _own_provider(
         self,
@@ -943,12 +916,8 @@ class OpenTelemetryEventHandler(ClosesOnExit):
         self._close(at_exit=False)
 
     def _close(self, *, at_exit: bool) -> None:
-        if self._closed:
+        if not self._begin_close():
             return
-        self._closed = True
-        if self._at_exit is not None:
-            _lifecycle.cancel_at_exit(self._at_exit)
-            self._at_exit = None
         provider = self._provider
         if provider is None or self._inherited():
             # A forked child's copy: the parent's exporter and data are the

@@ -18,7 +18,7 @@ from collections.abc import Iterable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any, Callable
 
 from .._core import STAT_EVENT, Event, _PrometheusExposition
-from .._errors import arg_message, arg_type_error, arg_value_error
+from .._errors import arg_message, arg_type_error, arg_value_error, check_int
 from .._forksafe import new_lock
 from ._common import ClosesOnExit, check_mapping, require, set_numeric_values, stat_description
 
@@ -886,13 +886,7 @@ def _check_per_octave(value: object) -> int | None:
 
 
 def _check_max_buckets(value: object) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise arg_type_error(_OWNER, "native_histogram_max_buckets", "an int", value)
-    if value < 1:
-        raise arg_value_error(
-            _OWNER, "native_histogram_max_buckets", f"must be at least 1, got {value}"
-        )
-    return value
+    return check_int(_OWNER, "native_histogram_max_buckets", value, low=1)
 
 
 def _check_range(value: object) -> tuple[float, float]:

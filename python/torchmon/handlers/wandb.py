@@ -21,7 +21,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from .. import _lifecycle
 from .._core import Event
 from .._errors import arg_type_error, arg_value_error
 from ._common import require
@@ -31,7 +30,6 @@ from ._tracker import (
     Row,
     StepOption,
     TrackerEventHandler,
-    _close_at_exit,
 )
 
 __all__ = ["STEP_METRIC", "WandbEventHandler", "wandb_key"]
@@ -91,6 +89,8 @@ class WandbEventHandler(TrackerEventHandler):
     """
 
     _OWNER = _OWNER
+    _renames_because = "W&B's define_metric refuses it as it is"
+    _tracker_key = staticmethod(wandb_key)
 
     __slots__ = (
         "_created",
@@ -99,7 +99,6 @@ class WandbEventHandler(TrackerEventHandler):
         "_name",
         "_other_events",
         "_project",
-        "_renamed",
         "_wb_run",
     )
 
@@ -139,7 +138,6 @@ class WandbEventHandler(TrackerEventHandler):
         self._group = group
         self._name = name
         self._other_events = other_events
-        self._renamed: dict[str, str] = {}
         self._defined: set[str] = set()
         self._created = False
         if run is None and project is None and group is None and name is None:
@@ -164,8 +162,7 @@ class WandbEventHandler(TrackerEventHandler):
         # wandb finishes its runs in an atexit hook registered by wandb.init:
         # the handler's exit close is registered again now, to run first.
         if self._at_exit is not None:
-            _lifecycle.cancel_at_exit(self._at_exit)
-            self._at_exit = _close_at_exit(self)
+            self._close_at_exit()
 
     @property
     def run(self) -> Any:
@@ -193,18 +190,6 @@ class WandbEventHandler(TrackerEventHandler):
             tags=[f"rank{info.rank}", f"node{info.node}"],
         )
         self._created = True
-
-    def _key(self, key: str) -> str:
-        name = self._renamed.get(key)
-        if name is None:
-            name = wandb_key(key)
-            if name != key and not any(k != v for k, v in self._renamed.items()):
-                self._report_line(
-                    f"key {key!r} sent as {name!r} (W&B's define_metric refuses it as "
-                    "it is); later renamed keys are not reported"
-                )
-            self._renamed[key] = name
-        return name
 
     def _send(self, batch: list[Row]) -> None:
         run = self._wb_run
