@@ -355,40 +355,6 @@ impl PyDistribution {
         Self::from_fields(&keyword_fields(args, kwargs)?)
     }
 
-    /// The native Stat's constructor for tests: positional, unchecked.
-    #[classmethod]
-    #[allow(clippy::too_many_arguments)]
-    fn _from_core(
-        _cls: &Bound<'_, PyType>,
-        count: u64,
-        sum: f64,
-        min: f64,
-        max: f64,
-        zero_count: u64,
-        nan_count: u64,
-        positive_inf_count: u64,
-        negative_inf_count: u64,
-        positive: Vec<(i32, u64)>,
-        negative: Vec<(i32, u64)>,
-    ) -> Self {
-        let buckets = core::Buckets {
-            zero_count,
-            nan_count,
-            positive_inf_count,
-            negative_inf_count,
-            positive,
-            negative,
-        };
-        let inner = Distribution {
-            count,
-            sum,
-            min,
-            max,
-            buckets,
-        };
-        Self::from_core(Arc::new(inner))
-    }
-
     #[getter]
     fn positive<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyTuple>> {
         self.side(py, 0)

@@ -96,20 +96,6 @@ class Distribution:
         positive: Iterable[tuple[int, int]] = (),
         negative: Iterable[tuple[int, int]] = (),
     ) -> Distribution: ...
-    @classmethod
-    def _from_core(
-        cls,
-        count: int,
-        sum: float,
-        min: float,
-        max: float,
-        zero_count: int,
-        nan_count: int,
-        positive_inf_count: int,
-        negative_inf_count: int,
-        positive: tuple[tuple[int, int], ...],
-        negative: tuple[tuple[int, int], ...],
-    ) -> Distribution: ...
     @property
     def scale(self) -> int: ...
     @property

@@ -14,6 +14,23 @@ bucket_index = Distribution._bucket_index
 representative = Distribution._representative
 
 
-def _restore(scale: int, *fields: object) -> Distribution:
-    """Unpickles a Distribution (its ``__reduce__``, as before it was native)."""
-    return Distribution._from_core(*fields)  # type: ignore[arg-type]
+# The fields of a pickled Distribution, in order: its ``__reduce__`` calls
+# ``_restore(*values)``, as before the type was native.
+_PICKLED_FIELDS = (
+    "scale",
+    "count",
+    "sum",
+    "min",
+    "max",
+    "zero_count",
+    "nan_count",
+    "positive_inf_count",
+    "negative_inf_count",
+    "positive",
+    "negative",
+)
+
+
+def _restore(*values: object) -> Distribution:
+    """Unpickles a Distribution, checked as any other."""
+    return Distribution(**dict(zip(_PICKLED_FIELDS, values)))  # type: ignore[arg-type]

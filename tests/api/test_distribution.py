@@ -243,15 +243,6 @@ def test_pickle_and_equality() -> None:
     assert from_samples([-0.0]) != from_samples([0.0])
 
 
-def test_from_core_takes_positional_fields_unchecked() -> None:
-    top = 3.0 - 2**-20
-    d = Distribution._from_core(3, 4.0, 0.0, top, 1, 0, 0, 0, ((0, 1), (101, 1)), ())
-    assert (d.scale, d.count, d.sum, d.min, d.max, d.zero_count) == (6, 3, 4.0, 0.0, top, 1)
-    assert d.positive == ((0, 1), (101, 1)) and d.negative == ()
-    # 1.0 + 2**-20 is in bucket 0 and 3.0 - 2**-20 in bucket 101 (2**(101/64) ~ 2.98).
-    assert d == from_samples([0.0, 1.0 + 2**-20, top])
-
-
 def test_immutable() -> None:
     d = from_samples([1.0])
     with pytest.raises(AttributeError):
@@ -315,13 +306,6 @@ def test_distribution_is_imported_on_first_use() -> None:
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "ok"
     assert torchmon.Distribution is Distribution
-
-
-def test_from_core_counts_that_do_not_add_up_give_nan_as_the_native_quantile() -> None:
-    # count says 3 non-NaN samples, the buckets hold 1: ranks past it are NaN.
-    d = Distribution._from_core(3, 3.0, math.nan, math.nan, 0, 0, 0, 0, ((0, 1),), ())
-    assert math.isnan(d.quantile(1.0))
-    assert d.quantile(0.0) == float.fromhex("0x1.0163da9fb3335p+0")
 
 
 def test_representatives_lie_in_their_buckets_and_round_once() -> None:

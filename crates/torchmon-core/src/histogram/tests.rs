@@ -1013,3 +1013,22 @@ fn checked_helpers_refuse_what_the_api_refuses() {
         Err(format!("must be in {MIN_INDEX}..{MAX_INDEX}"))
     );
 }
+
+#[test]
+fn ranks_past_the_buckets_counts_are_nan() {
+    // A count of 3 non-NaN samples over buckets that hold 1 (no window makes
+    // one; `from_parts` refuses it): ranks past the buckets are NaN, not a
+    // panic or a bucket's value.
+    let d = Distribution {
+        count: 3,
+        sum: 3.0,
+        min: f64::NAN,
+        max: f64::NAN,
+        buckets: Buckets {
+            positive: vec![(0, 1)],
+            ..Buckets::default()
+        },
+    };
+    assert!(d.quantile(1.0).is_nan());
+    assert_eq!(d.quantile(0.0), f64::from_bits(0x3ff0_163d_a9fb_3335));
+}
