@@ -483,20 +483,4 @@ impl PyDistribution {
             negative.counts,
         )
     }
-
-    // What python/torchmon/_distribution.py names for the tests.
-
-    /// The bucket of `|value|` (finite, not zero).
-    #[staticmethod]
-    fn _bucket_index(value: f64) -> PyResult<i32> {
-        core::checked_bucket_index(value)
-            .map_err(|p| arg_value_error("Distribution._bucket_index", "value", p))
-    }
-
-    /// The value a quantile reports for positive bucket `index`.
-    #[staticmethod]
-    fn _representative(index: i32) -> PyResult<f64> {
-        core::checked_representative(index)
-            .map_err(|p| arg_value_error("Distribution._representative", "index", p))
-    }
 }

@@ -10,9 +10,6 @@ from ._core import Distribution
 
 __all__ = ["BUCKET_MIDPOINTS", "Distribution"]
 
-bucket_index = Distribution._bucket_index
-representative = Distribution._representative
-
 
 # The fields of a pickled Distribution, in order: its ``__reduce__`` calls
 # ``_restore(*values)``, as before the type was native.

@@ -308,29 +308,6 @@ def test_distribution_is_imported_on_first_use() -> None:
     assert torchmon.Distribution is Distribution
 
 
-def test_representatives_lie_in_their_buckets_and_round_once() -> None:
-    import random
-    import struct
-
-    from torchmon._distribution import BUCKET_MIDPOINTS, bucket_index, representative
-
-    rng = random.Random(5)
-    indices = [-68737, -68673, -65473, -65409, -1, 0, 63, 65535]
-    indices += [rng.randrange(-68737, 65536) for _ in range(3000)]
-    for index in indices:
-        value = representative(index)
-        lower, upper = Distribution.bucket_bounds(index)
-        if lower < upper:  # a bucket that holds doubles
-            assert oracle_index(value) == index, index
-        if index >= -64 * 1022:  # normal: the midpoint, exactly scaled
-            assert value == BUCKET_MIDPOINTS[index % 64] * 2.0 ** (index // 64)
-    for _ in range(3000):
-        bits = rng.getrandbits(63)
-        x = struct.unpack("<d", struct.pack("<Q", bits))[0]
-        if x != 0 and math.isfinite(x):
-            assert bucket_index(x) == oracle_index(x), x
-
-
 def test_the_native_midpoints_are_this_table() -> None:
     from torchmon import _core
     from torchmon._distribution import BUCKET_MIDPOINTS

@@ -11,7 +11,8 @@ import struct
 from fractions import Fraction
 
 import pytest
-from dist_samples import from_samples
+from conformance.model import bucket_representative
+from dist_samples import from_samples, oracle_index
 
 from torchmon import Distribution
 
@@ -19,7 +20,7 @@ from torchmon import Distribution
 def one_per_bucket(n: int) -> Distribution:
     """n samples, one in each of the positive buckets 0..n-1, each at its
     bucket's representative: quantile(q) tells the rank it chose."""
-    rep = Distribution._representative
+    rep = bucket_representative
     return Distribution(
         count=n, sum=1.0, min=rep(0), max=rep(n - 1), positive=[(i, 1) for i in range(n)]
     )
@@ -32,7 +33,7 @@ def written_rank(q: float, n: int) -> int:
 
 def test_quantile_reads_q_as_the_decimal_python_writes() -> None:
     d = one_per_bucket(10)
-    rank_of = {Distribution._representative(i): i + 1 for i in range(10)}
+    rank_of = {bucket_representative(i): i + 1 for i in range(10)}
     # The double 0.1 is a little above 1/10: read exactly it would be rank 2.
     assert Fraction(0.1) * 10 > 1
     assert rank_of[d.quantile(0.1)] == 1
@@ -43,7 +44,7 @@ def test_quantile_reads_q_as_the_decimal_python_writes() -> None:
 def test_quantile_rank_is_the_written_decimals_for_any_double(n: int) -> None:
     """Rust's shortest round-trip digits (`{:e}`) are Python's repr's."""
     d = one_per_bucket(n)
-    rank_of = {Distribution._representative(i): i + 1 for i in range(n)}
+    rank_of = {bucket_representative(i): i + 1 for i in range(n)}
     rng = random.Random(n)
     qs = [rng.random() for _ in range(2000)]
     qs += [round(rng.random(), rng.randrange(1, 6)) for _ in range(2000)]
@@ -108,7 +109,7 @@ def test_exponential_downscales_until_each_sign_fits() -> None:
 def test_repr_writes_floats_as_python_does_and_only_nonzero_special_counts() -> None:
     """The repr is the core's (`histogram::Distribution`'s Display), its floats
     written by the core as Python's repr writes them."""
-    low = Distribution._bucket_index(1e-05)
+    low = oracle_index(1e-05)
     d = Distribution(
         count=3,
         sum=math.inf,

@@ -730,20 +730,3 @@ pub fn check_quantile(q: f64, repr: impl FnOnce() -> String) -> Result<f64, Stri
         Err(format!("must be in [0, 1], got {}", repr()))
     }
 }
-
-/// The bucket of `|value|` (finite, not zero), or the problem with `value`.
-pub fn checked_bucket_index(value: f64) -> Result<i32, String> {
-    if value == 0.0 || !value.is_finite() {
-        return Err(format!("must be finite and not zero, got {value}"));
-    }
-    Ok(bucket_index(value.abs().to_bits()))
-}
-
-/// The value a quantile reports for positive bucket `index`, or the problem
-/// with `index`.
-pub fn checked_representative(index: i32) -> Result<f64, String> {
-    if !(MIN_INDEX..=MAX_INDEX).contains(&index) {
-        return Err(format!("must be in {MIN_INDEX}..{MAX_INDEX}"));
-    }
-    Ok(representative(index))
-}
