@@ -2,6 +2,7 @@
 //! cumulative state of a `PrometheusEventHandler` (python/torchmon/handlers/
 //! prometheus.py) that a scrape renders without holding the GIL.
 
+use crate::py_distribution::PyDistribution;
 use parking_lot::Mutex;
 use pyo3::exceptions::{PyOSError, PyValueError};
 use pyo3::prelude::*;
@@ -131,19 +132,10 @@ impl _PrometheusExposition {
 
     /// Adds a window's `torchmon.Distribution` to a declared histogram; an
     /// undeclared name is ignored.
-    fn add_distribution(&self, name: &str, distribution: &Bound<'_, PyAny>) -> PyResult<()> {
-        let sum: f64 = distribution.getattr("sum")?.extract()?;
-        let zero: u64 = distribution.getattr("zero_count")?.extract()?;
-        let positive_inf: u64 = distribution.getattr("positive_inf_count")?.extract()?;
-        let negative_inf: u64 = distribution.getattr("negative_inf_count")?.extract()?;
-        // `(index, count)` pairs: any sequence of them, whichever
-        // Distribution (python/torchmon/_distribution.py or a native one).
-        let positive: Vec<(i32, u64)> = distribution.getattr("positive")?.extract()?;
-        let negative: Vec<(i32, u64)> = distribution.getattr("negative")?.extract()?;
-        self.state().exposition.update_histogram(name, |histogram| {
-            histogram.add_window(sum, zero, positive_inf, negative_inf, positive, negative);
-        });
-        Ok(())
+    fn add_distribution(&self, name: &str, distribution: &Bound<'_, PyDistribution>) {
+        let window = distribution.get().core();
+        let exposition = &self.state().exposition;
+        exposition.update_histogram(name, |histogram| histogram.add_distribution(window));
     }
 
     /// Every metric as length-delimited protobuf `MetricFamily` messages

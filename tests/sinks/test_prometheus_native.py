@@ -220,7 +220,7 @@ _MAX_BUCKETS = r"\(native_histogram_max_buckets\): native_histogram_max_buckets 
         (
             {"native_histogram_max_buckets": 0},
             ValueError,
-            _MAX_BUCKETS + " be at least 1",
+            _MAX_BUCKETS + " be >= 1, got 0",
         ),
         (
             {"native_histogram_max_buckets": "8"},

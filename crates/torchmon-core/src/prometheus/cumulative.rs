@@ -7,7 +7,7 @@
 
 use std::collections::BTreeMap;
 
-use crate::histogram::{MAX_INDEX, MIN_INDEX, SCALE, bucket_index};
+use crate::histogram::{Distribution, MAX_INDEX, MIN_INDEX, SCALE, bucket_index};
 
 /// Values with `|x| <= ZERO_THRESHOLD` are counted in the zero bucket: 2**-128,
 /// client_golang's and client_java's default, so that histograms from those
@@ -40,6 +40,14 @@ pub struct Cumulative {
 }
 
 impl Cumulative {
+    /// Adds a window's distribution (`add_window` with its parts).
+    pub fn add_distribution(&mut self, window: &Distribution) {
+        let b = &window.buckets;
+        let (positive, negative) = (b.positive.iter().copied(), b.negative.iter().copied());
+        let (zero, pinf, ninf) = (b.zero_count, b.positive_inf_count, b.negative_inf_count);
+        self.add_window(window.sum, zero, pinf, ninf, positive, negative);
+    }
+
     /// Adds one window; `sum` is the window's SUM. Bucket indices outside
     /// torchmon's range are clamped into it (the binding checks types only).
     pub fn add_window(
