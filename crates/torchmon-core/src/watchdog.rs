@@ -252,6 +252,27 @@ pub struct Shared {
 }
 
 impl Shared {
+    /// A watchdog's state at its start: no beat yet, the clock at `now_ms`.
+    fn new(config: Config, rank: i64, dump_dir: Option<PathBuf>, now_ms: i64) -> Shared {
+        Shared {
+            config,
+            pid: pid(),
+            rank,
+            dump_dir,
+            beats: AtomicU64::new(0),
+            last_beat_ms: AtomicI64::new(now_ms),
+            skip_interval: AtomicBool::new(false),
+            intervals: (0..KEPT_INTERVALS).map(|_| AtomicU32::new(0)).collect(),
+            next_interval: AtomicU64::new(0),
+            paused: AtomicU32::new(0),
+            open_section: AtomicU32::new(0),
+            sections: Mutex::new(Vec::new()),
+            stopped: AtomicBool::new(false),
+            sleeping: Mutex::new(()),
+            wake: Condvar::new(),
+        }
+    }
+
     /// One step done.
     ///
     /// Loads and stores, no read-modify-write: a step is one thread's, and
@@ -521,23 +542,7 @@ impl Watchdog {
         report: impl Fn(Report) + Send + 'static,
     ) -> std::io::Result<Watchdog> {
         let now = clock::now_ms_for_window(clock::COARSE_CLOCK_MIN_WINDOW_MS);
-        let shared = Arc::new(Shared {
-            config,
-            pid: pid(),
-            rank,
-            dump_dir,
-            beats: AtomicU64::new(0),
-            last_beat_ms: AtomicI64::new(now),
-            skip_interval: AtomicBool::new(false),
-            intervals: (0..KEPT_INTERVALS).map(|_| AtomicU32::new(0)).collect(),
-            next_interval: AtomicU64::new(0),
-            paused: AtomicU32::new(0),
-            open_section: AtomicU32::new(0),
-            sections: Mutex::new(Vec::new()),
-            stopped: AtomicBool::new(false),
-            sleeping: Mutex::new(()),
-            wake: Condvar::new(),
-        });
+        let shared = Arc::new(Shared::new(config, rank, dump_dir, now));
         let (sender, receiver) = std::sync::mpsc::channel::<Report>();
         let delivery = std::thread::Builder::new()
             .name("torchmon-wd-report".into())
@@ -710,23 +715,7 @@ mod tests {
     }
 
     fn shared(config: Config) -> Shared {
-        Shared {
-            config,
-            pid: pid(),
-            rank: 0,
-            dump_dir: None,
-            beats: AtomicU64::new(0),
-            last_beat_ms: AtomicI64::new(0),
-            skip_interval: AtomicBool::new(false),
-            intervals: (0..KEPT_INTERVALS).map(|_| AtomicU32::new(0)).collect(),
-            next_interval: AtomicU64::new(0),
-            paused: AtomicU32::new(0),
-            open_section: AtomicU32::new(0),
-            sections: Mutex::new(Vec::new()),
-            stopped: AtomicBool::new(false),
-            sleeping: Mutex::new(()),
-            wake: Condvar::new(),
-        }
+        Shared::new(config, 0, None, 0)
     }
 
     #[test]
