@@ -1,7 +1,13 @@
-"""A real Prometheus server (Debian's ``prometheus``, installed by .ci/run) in a
-child process, scraping given targets every second, for the tests that query
-what it aggregated (tests/user/test_torchrun_prometheus.py,
-tests/sinks/test_prometheus_cross_rank.py)."""
+"""A real Prometheus server in a child process, scraping given targets every
+second, for the tests that query what it aggregated
+(tests/user/test_torchrun_prometheus.py, tests/sinks/test_prometheus_cross_rank.py).
+
+Two versions (docs/compatibility.md, "Tested servers"): bookworm's 2.42 (the
+``prometheus`` package, installed by .ci/run) and sid's 3.5 (extracted into
+target/sid by .ci/debian-sid-debs, which .ci/run calls). ``PROMETHEUS_VERSIONS``
+parametrizes a test's fixture over both; each skips, saying how to get it, when
+its binary is absent, and fails instead when ``TORCHMON_REQUIRE_SERVERS=1`` (as
+.ci/run sets), so that CI cannot pass by skipping them."""
 
 from __future__ import annotations
 
@@ -19,10 +25,49 @@ from typing import Any
 
 import pytest
 
-PROMETHEUS = shutil.which("prometheus") or (
-    "/usr/bin/prometheus" if os.path.exists("/usr/bin/prometheus") else None
+REPO = Path(__file__).resolve().parents[1]
+# target/sid holds the packages .ci/debian-sid-debs extracted.
+SID = Path(os.environ.get("TORCHMON_SID_ROOT") or REPO / "target" / "sid")
+
+
+def _existing(*paths: str | Path | None) -> str | None:
+    return next((str(p) for p in paths if p and os.path.exists(p)), None)
+
+
+PROMETHEUS = _existing(
+    os.environ.get("TORCHMON_PROMETHEUS2"), shutil.which("prometheus"), "/usr/bin/prometheus"
 )
 SKIP_REASON = "no prometheus binary (Debian: apt-get install prometheus; .ci/run does)"
+PROMETHEUS3 = _existing(os.environ.get("TORCHMON_PROMETHEUS3"), SID / "usr/bin/prometheus")
+SKIP_REASON3 = (
+    "no Prometheus 3 binary (.ci/debian-sid-debs prometheus extracts sid's into "
+    "target/sid; TORCHMON_PROMETHEUS3=/path/to/prometheus names another)"
+)
+# The versions a test's fixture runs against, as pytest ids; server_binary()
+# says which binary each is.
+PROMETHEUS_VERSIONS = ("prometheus2", "prometheus3")
+
+
+def require_or_skip(reason: str) -> None:
+    """Skips with ``reason``, or fails when ``TORCHMON_REQUIRE_SERVERS=1``:
+    CI has fetched every server, so a missing one there is a broken step."""
+    if os.environ.get("TORCHMON_REQUIRE_SERVERS") == "1":
+        pytest.fail(f"TORCHMON_REQUIRE_SERVERS=1 but {reason}")
+    pytest.skip(reason)
+
+
+def server_binary(version: str) -> str:
+    """The binary of one of ``PROMETHEUS_VERSIONS``, or a skip saying how to get it."""
+    path, reason = {
+        "prometheus2": (PROMETHEUS, SKIP_REASON),
+        "prometheus3": (PROMETHEUS3, SKIP_REASON3),
+    }[version]
+    if path is None:
+        require_or_skip(reason)
+    assert path is not None
+    return path
+
+
 # Deadlines, not assertions about speed: how long to wait before giving up.
 SCRAPE_TIMEOUT = 20.0
 STOP_TIMEOUT = 15.0
@@ -84,7 +129,8 @@ class PrometheusServer:
     (``host:port``) as job ``job`` every second; stopped by pid on leaving.
     ``native_histograms``: with the feature flag that makes Prometheus 2.x
     ask for the protobuf format and ingest native histograms
-    (docs/sinks.md, "Native histograms")."""
+    (docs/sinks.md, "Native histograms"). ``binary``: which Prometheus (by
+    default bookworm's, ``PROMETHEUS``)."""
 
     def __init__(
         self,
@@ -94,9 +140,10 @@ class PrometheusServer:
         *,
         native_histograms: bool = False,
         scrape_interval: str = "1s",
+        binary: str | None = None,
     ) -> None:
-        if PROMETHEUS is None:
-            pytest.skip(SKIP_REASON)
+        if binary is None:
+            binary = server_binary("prometheus2")
         self.job = job
         self.targets = targets
         config = tmp / "prometheus.yml"
@@ -116,7 +163,7 @@ class PrometheusServer:
         self._log = self.log_path.open("wb")
         self.proc = subprocess.Popen(
             [
-                PROMETHEUS,
+                binary,
                 f"--config.file={config}",
                 f"--storage.tsdb.path={tmp / 'tsdb'}",
                 f"--web.listen-address=127.0.0.1:{port}",

@@ -19,13 +19,21 @@ import signal
 import subprocess
 import sys
 import time
+import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
 import pytest
-from prometheus_server import PrometheusServer, free_port, free_port_run, stop_group
+from prometheus_server import (
+    PROMETHEUS_VERSIONS,
+    PrometheusServer,
+    free_port,
+    free_port_run,
+    server_binary,
+    stop_group,
+)
 
 pytest.importorskip("torch")
 pytest.importorskip("prometheus_client")
@@ -53,16 +61,23 @@ class Job:
     events_dir: Path
     seconds: float
     finished: float
+    targets: list[str]
 
 
-@pytest.fixture(scope="module")
-def job(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Job]:
+# Each test runs against both Prometheus versions (tests/prometheus_server.py),
+# one job per version.
+@pytest.fixture(scope="module", params=PROMETHEUS_VERSIONS)
+def job(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Job]:
+    binary = server_binary(request.param)
     started = time.monotonic()
     tmp = tmp_path_factory.mktemp("torchrun_prometheus")
     port_base = free_port_run(RANKS)
     targets = [f"127.0.0.1:{port_base + rank}" for rank in range(RANKS)]
     torchrun_log_path = tmp / "torchrun.log"
-    with PrometheusServer(tmp, targets) as server, torchrun_log_path.open("wb") as torchrun_log:
+    with (
+        PrometheusServer(tmp, targets, binary=binary) as server,
+        torchrun_log_path.open("wb") as torchrun_log,
+    ):
         torchrun: subprocess.Popen[bytes] | None = None
         try:
             truth_dir = tmp / "truth"
@@ -109,7 +124,9 @@ def job(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Job]:
             finished = max(path.stat().st_mtime for path in truth_paths)
             # Then until every rank was scraped after its last windows.
             server.wait_for_scrapes_after(finished)
-            yield Job(server.query, truth, events_dir, time.monotonic() - started, finished)
+            yield Job(
+                server.query, truth, events_dir, time.monotonic() - started, finished, targets
+            )
         finally:
             worker_pids = [
                 int(pid)
@@ -181,3 +198,34 @@ def test_p99_across_ranks_is_within_the_histogram_error(job: Job) -> None:
     # (2**(1/b) - 1)·|p99| with b = 4 buckets per octave, the default.
     print(f"p99 of {len(samples)} step times: exact {exact_p99!r}, Prometheus {estimate!r}")
     assert abs(estimate - exact_p99) <= (2 ** (1 / 4) - 1) * exact_p99, (estimate, exact_p99)
+
+
+# Prometheus 3's Accept when native histograms are off: text 0.0.4 is the
+# format torchmon's server answers it with.
+PROMETHEUS3_TEXT_ACCEPT = (
+    "application/openmetrics-text;version=1.0.0;escaping=allow-utf-8;q=0.6,"
+    "application/openmetrics-text;version=0.0.1;q=0.5,"
+    "text/plain;version=1.0.0;escaping=allow-utf-8;q=0.4,text/plain;version=0.0.4;q=0.3,*/*;q=0.2"
+)
+
+
+def test_bucket_bounds_are_found_as_the_exposition_writes_them(job: Job) -> None:
+    # Prometheus 3 refuses a scrape whose Content-Type is missing or unknown,
+    # and stores `le` as a float's text ("1" becomes "1.0"): torchmon writes
+    # the type in full and every bound as a float, so that a query naming a
+    # bound as the exposition shows it finds every rank's bucket on 2.x and 3.x.
+    request = urllib.request.Request(
+        f"http://{job.targets[0]}/metrics", headers={"Accept": PROMETHEUS3_TEXT_ACCEPT}
+    )
+    with urllib.request.urlopen(request, timeout=10) as response:
+        assert response.headers["Content-Type"] == "text/plain; version=0.0.4; charset=utf-8"
+        text = response.read().decode("utf-8")
+    bounds = re.findall(
+        r'trainer_train_step_time_seconds_histogram_bucket\{[^}]*le="([^"]+)"', text
+    )
+    assert "+Inf" in bounds and len(bounds) > 2, text[:2000]
+    for bound in bounds:
+        result = job.query(
+            f'count(trainer_train_step_time_seconds_histogram_bucket{{le="{bound}"}})'
+        )
+        assert [float(item["value"][1]) for item in result] == [RANKS], bound

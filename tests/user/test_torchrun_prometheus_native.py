@@ -22,7 +22,14 @@ from pathlib import Path
 from typing import Any, Callable
 
 import pytest
-from prometheus_server import PrometheusServer, free_port, free_port_run, stop_group
+from prometheus_server import (
+    PROMETHEUS_VERSIONS,
+    PrometheusServer,
+    free_port,
+    free_port_run,
+    server_binary,
+    stop_group,
+)
 
 pytest.importorskip("torch")
 pytest.importorskip("prometheus_client")
@@ -49,8 +56,11 @@ class Job:
     seconds: float
 
 
-@pytest.fixture(scope="module")
-def job(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Job]:
+# Each test runs against both Prometheus versions (tests/prometheus_server.py),
+# one job per version.
+@pytest.fixture(scope="module", params=PROMETHEUS_VERSIONS)
+def job(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Job]:
+    binary = server_binary(request.param)
     started = time.monotonic()
     tmp = tmp_path_factory.mktemp("torchrun_native")
     port_base = free_port_run(RANKS)
@@ -59,7 +69,9 @@ def job(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Job]:
     truth_dir = tmp / "truth"
     # An ExitStack, not a parenthesised with: the tests also run on Python 3.9.
     with contextlib.ExitStack() as stack:
-        server = stack.enter_context(PrometheusServer(tmp, targets, native_histograms=True))
+        server = stack.enter_context(
+            PrometheusServer(tmp, targets, native_histograms=True, binary=binary)
+        )
         log = stack.enter_context(log_path.open("wb"))
         torchrun: subprocess.Popen[bytes] | None = None
         try:
