@@ -475,10 +475,19 @@ impl PyDistribution {
     /// The buckets as an OpenTelemetry exponential histogram point holds
     /// them with `max_size = max_buckets` (`histogram::Buckets::exponential`):
     /// `(scale, positive offset, positive counts, negative offset, negative
-    /// counts)`.
-    fn _exponential(&self, max_buckets: &Bound<'_, PyInt>) -> (i32, i32, Vec<u64>, i32, Vec<u64>) {
+    /// counts)`, at a scale of at most `max_scale`
+    /// (`histogram::Buckets::exponential_at_most`).
+    #[pyo3(signature = (max_buckets, max_scale = 6))]
+    fn _exponential(
+        &self,
+        max_buckets: &Bound<'_, PyInt>,
+        max_scale: i32,
+    ) -> (i32, i32, Vec<u64>, i32, Vec<u64>) {
         let max_buckets = max_buckets.extract::<u64>().unwrap_or(u64::MAX);
-        let e = self.inner.buckets.exponential(max_buckets);
+        let e = self
+            .inner
+            .buckets
+            .exponential_at_most(max_buckets, max_scale);
         let (positive, negative) = (e.positive, e.negative);
         (
             e.scale,

@@ -316,6 +316,39 @@ def test_downscaled_to_max_buckets(rank3: None) -> None:
     assert point.count == len(samples)
 
 
+@pytest.mark.parametrize("scale", [None, 5])
+def test_a_fixed_scale_keeps_a_series_bounds_across_exports(rank3: None, scale: int | None) -> None:
+    """Cumulative: the second export holds both windows. By default its range
+    (two octaves, then nine decades) lowers the scale to fit max_buckets, so
+    the bucket bounds change between the exports; with ``scale=5`` both
+    points are at scale 5 with every bucket their range needs."""
+    narrow = [1.0 + k / 100 for k in range(50)]
+    wide = [10.0 ** (k / 7) for k in range(-21, 43)]
+
+    def push(endpoint: str) -> None:
+        sink = OpenTelemetryEventHandler.otlp(endpoint, export_interval=math.inf, scale=scale)
+        sink(window_event("lat", narrow))
+        assert sink.flush()
+        sink(window_event("lat", wide))
+        sink.close()
+
+    first, second = through_oteltap(
+        push, [named("lat", len(narrow)), named("lat", len(narrow) + len(wide))]
+    )
+    (point1,) = first.exponential_histogram.data_points
+    (point2,) = second.exponential_histogram.data_points
+    if scale is None:
+        assert point1.scale == 6 and point2.scale < 6
+        assert len(point2.positive.bucket_counts) <= 160
+    else:
+        assert point1.scale == point2.scale == scale
+        for point, samples in ((point1, narrow), (point2, narrow + wide)):
+            assert (point.positive.offset, list(point.positive.bucket_counts)) == dense(
+                buckets_of(samples, 6 - scale)
+            )
+        assert len(point2.positive.bucket_counts) > 160  # max_buckets does not apply
+
+
 def test_nan_and_infinities_left_out(rank3: None) -> None:
     """NaN and ±inf have no bucket: not counted; sum, min and max, which they
     spoilt, are left out of the point (optional in OTLP)."""
@@ -560,6 +593,10 @@ def test_meter_provider_mode_keeps_gauges_only() -> None:
     [
         ({"max_buckets": 2}, ValueError, "max_buckets"),
         ({"max_buckets": 4.0}, TypeError, "max_buckets"),
+        ({"scale": 7}, ValueError, "scale"),
+        ({"scale": -11}, ValueError, "scale"),
+        ({"scale": 5.0}, TypeError, "scale"),
+        ({"scale": True}, TypeError, "scale"),
         ({"export_interval": 0}, ValueError, "export_interval"),
         ({"export_interval": "1"}, TypeError, "export_interval"),
         ({"resource": {"a": 1}}, TypeError, "resource"),
@@ -585,6 +622,8 @@ def test_exporter_and_meter_provider_exclusive() -> None:
         OpenTelemetryEventHandler(meter_provider=provider, exporter=ConsoleMetricExporter())
     with pytest.raises(ValueError, match=r"OpenTelemetryEventHandler\(export_interval\)"):
         OpenTelemetryEventHandler(meter_provider=provider, export_interval=5.0)
+    with pytest.raises(ValueError, match=r"OpenTelemetryEventHandler\(scale\)"):
+        OpenTelemetryEventHandler(meter_provider=provider, scale=5)
     provider.shutdown()
 
 

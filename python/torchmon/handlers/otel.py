@@ -85,6 +85,11 @@ def otel_instrument_name(key: str) -> str:
 _P_SUFFIXES = frozenset(("p50", "p90", "p95", "p99", "p999"))
 
 DEFAULT_MAX_BUCKETS = 160  # the OpenTelemetry SDK's default max_size
+# The scales a fixed-scale handler may ask for: OpenTelemetry's smallest, up
+# to the core's (histogram buckets are kept at scale 6).
+MIN_SCALE, MAX_SCALE = -10, 6
+# max_buckets for a fixed scale: no limit (above any dense range's length).
+_UNBOUNDED = 2**64 - 1
 # How long flush() and close() (so the process exit) wait for the exporter,
 # retries included (docs/sinks.md, "Unreachable collector"): a preempted job
 # has about 30 s between SIGTERM and SIGKILL.
@@ -153,14 +158,19 @@ class _Histogram:
         start_ns: int,
         now_ns: int,
         max_buckets: int,
+        fixed_scale: int | None,
     ) -> ExponentialHistogramDataPoint:
         from opentelemetry.sdk.metrics.export import Buckets, ExponentialHistogramDataPoint
 
         assert self.buckets is not None  # made by add()
-        # Downscaled to at most max_buckets per sign (docs/sinks.md, "OpenTelemetry").
-        scale, positive_offset, positive, negative_offset, negative = self.buckets._exponential(
-            max_buckets
-        )
+        # Downscaled to at most max_buckets per sign, or to the handler's
+        # fixed scale with every bucket the range needs (docs/sinks.md,
+        # "OpenTelemetry", Downscaling).
+        if fixed_scale is None:
+            exponential = self.buckets._exponential(max_buckets)
+        else:
+            exponential = self.buckets._exponential(_UNBOUNDED, fixed_scale)
+        scale, positive_offset, positive, negative_offset, negative = exponential
         # The SDK's point class types sum, min and max as floats, but its
         # OTLP encoder leaves a None out (they are optional fields of the
         # protocol): that is how an unknown value is sent. min stays inf and
@@ -229,6 +239,7 @@ class _Histograms:
         "_lock",
         "_max_buckets",
         "_resource",
+        "_scale",
         "_scope",
         "_start_ns",
     )
@@ -240,12 +251,14 @@ class _Histograms:
         resource: Resource,
         attributes: Mapping[str, _AttributeValue],
         max_buckets: int,
+        scale: int | None,
         delta: bool,
     ) -> None:
         self._scope = scope
         self._resource = resource
         self._attributes = dict(attributes)
         self._max_buckets = max_buckets
+        self._scale = scale
         self._delta = delta
         # name -> (description, histogram); a delta collection empties it.
         self._histograms: dict[str, tuple[str, _Histogram]] = {}
@@ -282,7 +295,11 @@ class _Histograms:
                 description=description,
                 unit="",
                 data=ExponentialHistogram(
-                    data_points=[histogram.point(self._attributes, start, now, self._max_buckets)],
+                    data_points=[
+                        histogram.point(
+                            self._attributes, start, now, self._max_buckets, self._scale
+                        )
+                    ],
                     aggregation_temporality=temporality,
                 ),
             )
@@ -504,6 +521,15 @@ def _seconds_to_ms(value: object, argument: str, call: str = _OWNER) -> float | 
     return None if seconds is None else seconds * 1000.0
 
 
+def _check_scale(scale: object) -> int | None:
+    # OpenTelemetry's smallest scale to the scale torchmon's buckets are kept at.
+    if scale is None:
+        return None
+    return check_int(
+        _OWNER, "scale", scale, low=MIN_SCALE, high=MAX_SCALE, expected="an int or None"
+    )
+
+
 def _check_max_buckets(max_buckets: object) -> int:
     # At OpenTelemetry's smallest scale every double falls into 3 buckets.
     return check_int(_OWNER, "max_buckets", max_buckets, low=3)
@@ -541,7 +567,12 @@ class OpenTelemetryEventHandler(ClosesAtExit):
       buckets per sign (OpenTelemetry's ``max_size``; fewer by lowering the
       scale). The histograms follow the exporter's preferred temporality for
       histograms: cumulative (all windows since the handler was created), or
-      delta (the windows since the previous export).
+      delta (the windows since the previous export). ``scale`` (an int in
+      [-10, 6]; an extension) fixes the scale of every histogram point
+      instead: each point has every bucket its range needs at that scale
+      (``max_buckets`` does not apply), so a series' bucket bounds never
+      change from one export to the next, which backends that store each
+      bucket as a series of its own need (VictoriaMetrics; docs/sinks.md).
 
     - ``export_timeout``: with an exporter, how long :meth:`flush` and
       :meth:`close` (so the process exit) wait for an export, retries
@@ -595,6 +626,7 @@ class OpenTelemetryEventHandler(ClosesAtExit):
         resource: Resource | None = None,
         max_buckets: int = DEFAULT_MAX_BUCKETS,
         export_timeout: float | None = None,
+        scale: int | None = None,
     ) -> None:
         require(
             "OpenTelemetryEventHandler",
@@ -629,7 +661,7 @@ class OpenTelemetryEventHandler(ClosesAtExit):
                     _OWNER, "exporter", "cannot be given with a meter_provider: give one of them"
                 )
             meter_provider = self._own_provider(
-                exporter, meter_name, export_interval, resource, max_buckets
+                exporter, meter_name, export_interval, resource, max_buckets, scale
             )
         else:
             self._export_timeout = DEFAULT_EXPORT_TIMEOUT
@@ -637,6 +669,7 @@ class OpenTelemetryEventHandler(ClosesAtExit):
                 ("export_interval", export_interval),
                 ("resource", resource),
                 ("export_timeout", export_timeout),
+                ("scale", scale),
             ):
                 if value is not None:
                     raise arg_value_error(_OWNER, name, "applies only with an exporter")
@@ -678,6 +711,7 @@ class OpenTelemetryEventHandler(ClosesAtExit):
         export_interval: object,
         resource: object,
         max_buckets: object,
+        scale: object,
     ) -> SdkMeterProvider:
         require(
             "OpenTelemetryEventHandler(exporter)",
@@ -716,6 +750,7 @@ class OpenTelemetryEventHandler(ClosesAtExit):
             resource=resource,
             attributes=self._attributes,
             max_buckets=_check_max_buckets(max_buckets),
+            scale=_check_scale(scale),
             delta=delta,
         )
         endpoint = getattr(exporter, "_endpoint", None)
@@ -747,6 +782,7 @@ class OpenTelemetryEventHandler(ClosesAtExit):
         meter_name: str = "torchmon",
         max_buckets: int = DEFAULT_MAX_BUCKETS,
         export_timeout: float | None = None,
+        scale: int | None = None,
     ) -> OpenTelemetryEventHandler:
         """A handler pushing this rank's metrics over OTLP/HTTP (needs
         ``pip install opentelemetry-exporter-otlp-proto-http``).
@@ -818,6 +854,7 @@ class OpenTelemetryEventHandler(ClosesAtExit):
             meter_name=meter_name,
             max_buckets=max_buckets,
             export_timeout=export_timeout,
+            scale=scale,
         )
 
     def _claim(self, name: str, source: str, histogram: bool) -> bool:

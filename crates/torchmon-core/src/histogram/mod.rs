@@ -555,13 +555,23 @@ pub struct Exponential {
 
 impl Buckets {
     pub fn exponential(&self, max_buckets: u64) -> Exponential {
+        self.exponential_at_most(max_buckets, SCALE)
+    }
+
+    /// `exponential(max_buckets)` at a scale of at most `max_scale`
+    /// (clamped to `MIN_EXPONENTIAL_SCALE..=SCALE`). With `u64::MAX`
+    /// buckets the scale is exactly `max_scale`, whatever the samples' range:
+    /// the fixed scale of `OpenTelemetryEventHandler(scale=...)`, so that a
+    /// cumulative series keeps its bucket bounds from export to export
+    /// (docs/sinks.md, "OpenTelemetry").
+    pub fn exponential_at_most(&self, max_buckets: u64, max_scale: i32) -> Exponential {
         let span = |side: &[(i32, u64)], shift: i32| match (side.first(), side.last()) {
             (Some(&(first, _)), Some(&(last, _))) => {
                 ((last >> shift) - (first >> shift) + 1) as u64
             }
             _ => 0,
         };
-        let mut shift = 0;
+        let mut shift = SCALE - max_scale.clamp(MIN_EXPONENTIAL_SCALE, SCALE);
         while shift < SCALE - MIN_EXPONENTIAL_SCALE
             && (span(&self.positive, shift) > max_buckets
                 || span(&self.negative, shift) > max_buckets)

@@ -893,6 +893,42 @@ fn exponential_halves_the_scale_until_each_sign_fits() {
 }
 
 #[test]
+fn exponential_at_most_keeps_a_fixed_scale_whatever_the_range() {
+    let d = distribution_of(&[1.5, 3.0, 1000.0, -0.001, 0.0]);
+    // Unbounded buckets: exactly the scale asked for, with every bucket the
+    // range needs (1.5 .. 1000: octaves 0 to 9, 32 buckets each at scale 5).
+    let fixed = d.buckets.exponential_at_most(u64::MAX, 5);
+    assert_eq!(fixed.scale, 5);
+    assert_eq!(fixed.positive.offset, index_of(1.5) >> 1);
+    assert_eq!(
+        fixed.positive.counts.len() as i32,
+        (index_of(1000.0) >> 1) - (index_of(1.5) >> 1) + 1
+    );
+    assert_eq!(fixed.positive.counts.iter().sum::<u64>(), 3);
+    assert_eq!(fixed.negative.offset, index_of(0.001) >> 1);
+    // A narrower range gets the same scale: the bounds of a bucket do not
+    // move from one export to the next.
+    let narrow = distribution_of(&[1.5])
+        .buckets
+        .exponential_at_most(u64::MAX, 5);
+    assert_eq!(
+        (narrow.scale, narrow.positive.offset),
+        (5, index_of(1.5) >> 1)
+    );
+    // max_buckets still lowers it further; the scale is clamped to -10..=6.
+    assert_eq!(d.buckets.exponential_at_most(3, 5).scale, -2);
+    assert_eq!(d.buckets.exponential_at_most(u64::MAX, 9).scale, 6);
+    assert_eq!(
+        d.buckets.exponential_at_most(u64::MAX, -20).scale,
+        MIN_EXPONENTIAL_SCALE
+    );
+    assert_eq!(
+        d.buckets.exponential_at_most(1000, 6),
+        d.buckets.exponential(1000)
+    );
+}
+
+#[test]
 fn attribute_and_float_range_errors_are_worded_for_python() {
     assert_eq!(
         immutable_message("delete", "'sum'"),
