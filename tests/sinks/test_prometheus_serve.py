@@ -181,3 +181,44 @@ def test_a_handler_made_by_the_constructor_serves_nothing() -> None:
     sink = torchmon.PrometheusEventHandler(registry=prometheus_client.CollectorRegistry())
     assert sink.port is None
     sink.close()
+
+
+@pytest.mark.parametrize("escaping", ["allow-utf-8", "underscores", "dots", "values", "bogus"])
+def test_any_escaping_a_scraper_asks_for_gets_legacy_names_it_can_parse(
+    rank_env: pytest.MonkeyPatch, handlers: list[torchmon.PrometheusEventHandler], escaping: str
+) -> None:
+    """Prometheus 3 names an escaping scheme in its Accept header; torchmon
+    offers legacy names only (docs/sinks.md, "Prometheus 3"): whatever the
+    scheme, even one nobody defines, the scrape gets 200 with the text or
+    protobuf body and its Content-Type as Prometheus 2 got them."""
+    sink = torchmon.PrometheusEventHandler.serve(port_base=free_port_pair())
+    handlers.append(sink)
+    handle = torchmon.register_event_handler(sink)
+    try:
+        stat = torchmon.Stat("serve.loss", [torchmon.MEAN], timedelta(seconds=60))
+        stat.add(0.5)
+        del stat
+    finally:
+        torchmon.unregister_event_handler(handle)
+    for accept, content_type in (
+        (
+            f"application/openmetrics-text;version=1.0.0;escaping={escaping};q=0.6,"
+            f"text/plain;version=1.0.0;escaping={escaping};q=0.4,text/plain;version=0.0.4;q=0.3",
+            "text/plain; version=0.0.4; charset=utf-8",
+        ),
+        (
+            "application/vnd.google.protobuf;proto=io.prometheus.client.MetricFamily;"
+            f"encoding=delimited;escaping={escaping};q=0.6,text/plain;version=0.0.4;q=0.2",
+            "application/vnd.google.protobuf; proto=io.prometheus.client.MetricFamily; "
+            "encoding=delimited",
+        ),
+    ):
+        request = urllib.request.Request(
+            f"http://127.0.0.1:{sink.port}/metrics", headers={"Accept": accept}
+        )
+        with urllib.request.urlopen(request, timeout=10) as response:
+            assert response.status == 200
+            assert response.headers["Content-Type"] == content_type
+            body = response.read()
+        # The name with underscores (the dotted key is only in the HELP text).
+        assert b"serve_loss_mean" in body, body

@@ -756,6 +756,33 @@ mod tests {
         ));
     }
 
+    #[test]
+    fn prometheus_3_accept_headers_and_escaping() {
+        // What Prometheus 3.5 sends with native histograms, and without.
+        let native = "application/vnd.google.protobuf;proto=io.prometheus.client.MetricFamily;encoding=delimited;q=0.6,application/openmetrics-text;version=1.0.0;escaping=allow-utf-8;q=0.5,application/openmetrics-text;version=0.0.1;q=0.4,text/plain;version=1.0.0;escaping=allow-utf-8;q=0.3,text/plain;version=0.0.4;q=0.2,*/*;q=0.1";
+        let text = "application/openmetrics-text;version=1.0.0;escaping=allow-utf-8;q=0.6,application/openmetrics-text;version=0.0.1;q=0.5,text/plain;version=1.0.0;escaping=allow-utf-8;q=0.4,text/plain;version=0.0.4;q=0.3,*/*;q=0.2";
+        assert!(accepts_protobuf(native));
+        assert!(!accepts_protobuf(text));
+        // An escaping scheme, known or not, changes no choice: the names are
+        // valid legacy names, the same under every scheme but dots
+        // (docs/sinks.md, "Prometheus 3").
+        for escaping in [
+            "allow-utf-8",
+            "underscores",
+            "dots",
+            "values",
+            "nonsense",
+            "",
+        ] {
+            let protobuf = format!(
+                "application/vnd.google.protobuf;proto=io.prometheus.client.MetricFamily;encoding=delimited;escaping={escaping};q=0.6,text/plain;version=0.0.4;q=0.2"
+            );
+            assert!(accepts_protobuf(&protobuf), "{protobuf}");
+            let plain = format!("text/plain;version=0.0.4;escaping={escaping}");
+            assert!(!accepts_protobuf(&plain), "{plain}");
+        }
+    }
+
     fn get(port: u16, request: &[u8]) -> String {
         let mut stream = TcpStream::connect(("127.0.0.1", port)).unwrap();
         stream.write_all(request).unwrap();
