@@ -12,7 +12,7 @@ use std::sync::atomic::AtomicBool;
 use std::time::Duration;
 use torchmon_core::prometheus::{ClassicLayout, Exposition, Reading, Served};
 use torchmon_core::prometheus_server::{
-    Format, Limits, MAX_HEAD, Render, Server, accepts_protobuf,
+    Escaping, Format, Limits, MAX_HEAD, Negotiated, Render, Server, accepts_protobuf, negotiate,
 };
 
 /// The outer lock is only ever taken while attached to Python and held for
@@ -95,10 +95,29 @@ impl _PrometheusExposition {
         accepts_protobuf(accept)
     }
 
+    /// The Rust server's negotiation of a scrape with this `Accept` header:
+    /// `(protobuf, escaping scheme named or None, Content-Type)`.
+    #[staticmethod]
+    fn negotiate(accept: &str) -> (bool, Option<&'static str>, String) {
+        let n = negotiate(accept);
+        let protobuf = n.format == Format::Protobuf;
+        (protobuf, n.escaping.map(Escaping::as_str), n.content_type())
+    }
+
     /// Creates the histogram (`histogram` true) or the gauge `name`; a
-    /// no-op if it exists with that kind.
-    fn declare(&self, name: &str, help: &str, histogram: bool) -> PyResult<()> {
-        let created = self.state().exposition.declare(name, help, histogram);
+    /// no-op if it exists with that kind. `utf8_name`: the name a scraper
+    /// asking for UTF-8 names gets (default `name`).
+    #[pyo3(signature = (name, help, histogram, utf8_name = None))]
+    fn declare(
+        &self,
+        name: &str,
+        help: &str,
+        histogram: bool,
+        utf8_name: Option<&str>,
+    ) -> PyResult<()> {
+        let utf8_name = utf8_name.unwrap_or(name);
+        let exposition = &self.state().exposition;
+        let created = exposition.declare_as(name, utf8_name, help, histogram);
         created.map(drop).map_err(|_| {
             let message = format!("_PrometheusExposition: {name:?} is already of the other kind");
             PyValueError::new_err(message)
@@ -142,15 +161,26 @@ impl _PrometheusExposition {
     /// (`protobuf`) or as the text exposition (format 0.0.4, byte for byte
     /// prometheus_client's for the handler's registry), rendered detached
     /// from Python (the GIL is held only to take the state and to make the
-    /// bytes); `None` once closed.
-    fn render<'py>(&self, py: Python<'py>, protobuf: bool) -> Option<Bound<'py, PyBytes>> {
+    /// bytes); `None` once closed. `escaping`: the scheme `negotiate` found
+    /// (an unknown one, or `None`: the names as Prometheus 2 gets them).
+    #[pyo3(signature = (protobuf, escaping = None))]
+    fn render<'py>(
+        &self,
+        py: Python<'py>,
+        protobuf: bool,
+        escaping: Option<&str>,
+    ) -> Option<Bound<'py, PyBytes>> {
         let state = self.state();
         let format = if protobuf {
             Format::Protobuf
         } else {
             Format::Text
         };
-        let body = py.detach(|| state.render(&self.closed, format))?;
+        let negotiated = Negotiated {
+            format,
+            escaping: escaping.and_then(Escaping::parse),
+        };
+        let body = py.detach(|| state.render(&self.closed, negotiated))?;
         Some(PyBytes::new(py, &body))
     }
 
@@ -165,7 +195,7 @@ impl _PrometheusExposition {
         }
         let state = self.state();
         let closed = self.closed.clone();
-        let render: Arc<Render> = Arc::new(move |format| state.render(&closed, format));
+        let render: Arc<Render> = Arc::new(move |negotiated| state.render(&closed, negotiated));
         let server =
             py.detach(|| Server::start(host, port, render))
                 .map_err(|error| match error.raw_os_error() {

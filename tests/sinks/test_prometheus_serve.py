@@ -183,14 +183,35 @@ def test_a_handler_made_by_the_constructor_serves_nothing() -> None:
     sink.close()
 
 
-@pytest.mark.parametrize("escaping", ["allow-utf-8", "underscores", "dots", "values", "bogus"])
-def test_any_escaping_a_scraper_asks_for_gets_legacy_names_it_can_parse(
-    rank_env: pytest.MonkeyPatch, handlers: list[torchmon.PrometheusEventHandler], escaping: str
+TEXT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+PROTOBUF_TYPE = (
+    "application/vnd.google.protobuf; proto=io.prometheus.client.MetricFamily; encoding=delimited"
+)
+
+
+@pytest.mark.parametrize(
+    ("escaping", "name", "stated"),
+    [
+        # What Prometheus 3 asks for by default: the key's own characters.
+        ("allow-utf-8", b'{"serve.loss.mean",job="j7"', "; escaping=allow-utf-8"),
+        ("underscores", b'serve_loss_mean{job="j7"', "; escaping=underscores"),
+        ("dots", b'serve_dot_loss_dot_mean{job="j7"', "; escaping=dots"),
+        ("values", b'U__serve_2e_loss_2e_mean{job="j7"', "; escaping=values"),
+        # A scheme nobody defines: ignored, the names Prometheus 2 gets.
+        ("bogus", b'serve_loss_mean{job="j7"', ""),
+    ],
+)
+def test_names_follow_the_escaping_the_scraper_asks_for(
+    rank_env: pytest.MonkeyPatch,
+    handlers: list[torchmon.PrometheusEventHandler],
+    escaping: str,
+    name: bytes,
+    stated: str,
 ) -> None:
     """Prometheus 3 names an escaping scheme in its Accept header; torchmon
-    offers legacy names only (docs/sinks.md, "Prometheus 3"): whatever the
-    scheme, even one nobody defines, the scrape gets 200 with the text or
-    protobuf body and its Content-Type as Prometheus 2 got them."""
+    follows it as client_golang does, and its Content-Type states the scheme
+    used (docs/sinks.md, "Prometheus 3"): always a 200 with a body the
+    scraper parses."""
     sink = torchmon.PrometheusEventHandler.serve(port_base=free_port_pair())
     handlers.append(sink)
     handle = torchmon.register_event_handler(sink)
@@ -200,25 +221,29 @@ def test_any_escaping_a_scraper_asks_for_gets_legacy_names_it_can_parse(
         del stat
     finally:
         torchmon.unregister_event_handler(handle)
-    for accept, content_type in (
-        (
-            f"application/openmetrics-text;version=1.0.0;escaping={escaping};q=0.6,"
-            f"text/plain;version=1.0.0;escaping={escaping};q=0.4,text/plain;version=0.0.4;q=0.3",
-            "text/plain; version=0.0.4; charset=utf-8",
-        ),
-        (
-            "application/vnd.google.protobuf;proto=io.prometheus.client.MetricFamily;"
-            f"encoding=delimited;escaping={escaping};q=0.6,text/plain;version=0.0.4;q=0.2",
-            "application/vnd.google.protobuf; proto=io.prometheus.client.MetricFamily; "
-            "encoding=delimited",
-        ),
-    ):
+
+    def get(accept: str) -> tuple[str, bytes]:
         request = urllib.request.Request(
             f"http://127.0.0.1:{sink.port}/metrics", headers={"Accept": accept}
         )
         with urllib.request.urlopen(request, timeout=10) as response:
             assert response.status == 200
-            assert response.headers["Content-Type"] == content_type
-            body = response.read()
-        # The name with underscores (the dotted key is only in the HELP text).
-        assert b"serve_loss_mean" in body, body
+            return str(response.headers["Content-Type"]), response.read()
+
+    content_type, body = get(
+        f"application/openmetrics-text;version=1.0.0;escaping={escaping};q=0.6,"
+        f"text/plain;version=1.0.0;escaping={escaping};q=0.4,text/plain;version=0.0.4;q=0.3"
+    )
+    assert content_type == TEXT_TYPE + stated
+    assert name in body, body
+    # render() negotiates the same way.
+    assert sink.render(f"text/plain;escaping={escaping}") == (content_type, body)
+    content_type, body = get(
+        "application/vnd.google.protobuf;proto=io.prometheus.client.MetricFamily;"
+        f"encoding=delimited;escaping={escaping};q=0.6,text/plain;version=0.0.4;q=0.2"
+    )
+    assert content_type == PROTOBUF_TYPE + stated
+    # The protobuf MetricFamily's name field: the name without the labels.
+    quoted = name.startswith(b"{")
+    bare = name[1:].split(b",")[0].strip(b'"') if quoted else name.split(b"{")[0]
+    assert b"\n" + bytes([len(bare)]) + bare + b"\x12" in body, body

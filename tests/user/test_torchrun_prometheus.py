@@ -62,6 +62,29 @@ class Job:
     seconds: float
     finished: float
     targets: list[str]
+    # Prometheus 3 asks for UTF-8 names (escaping=allow-utf-8), and torchmon
+    # keeps the Stat keys' dots for it (docs/sinks.md, "Prometheus 3").
+    utf8_names: bool
+
+    def metric(self, name: str, matchers: str = "") -> str:
+        """The selector of the legacy-named metric ``name`` on this server."""
+        if not self.utf8_names:
+            return f"{name}{{{matchers}}}" if matchers else name
+        quoted = f'"{UTF8_NAMES[name]}"'
+        return f"{{{quoted}, {matchers}}}" if matchers else f"{{{quoted}}}"
+
+
+# The example's metric names as Prometheus 2 stores them, and as 3.x does.
+UTF8_NAMES = {
+    "trainer_train_samples_seen_max": "trainer_train.samples_seen.max",
+    "trainer_train_step_time_seconds_max": "trainer_train.step_time_seconds.max",
+    "trainer_train_step_time_seconds_histogram_count": (
+        "trainer_train.step_time_seconds_histogram_count"
+    ),
+    "trainer_train_step_time_seconds_histogram_bucket": (
+        "trainer_train.step_time_seconds_histogram_bucket"
+    ),
+}
 
 
 # Each test runs against both Prometheus versions (tests/prometheus_server.py),
@@ -125,7 +148,13 @@ def job(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
             # Then until every rank was scraped after its last windows.
             server.wait_for_scrapes_after(finished)
             yield Job(
-                server.query, truth, events_dir, time.monotonic() - started, finished, targets
+                server.query,
+                truth,
+                events_dir,
+                time.monotonic() - started,
+                finished,
+                targets,
+                utf8_names=request.param == "prometheus3",
             )
         finally:
             worker_pids = [
@@ -149,16 +178,17 @@ def test_sum_over_ranks_equals_what_every_rank_recorded(job: Job) -> None:
     assert [t["rank"] for t in job.truth] == list(range(RANKS))
     assert all(t["world_size"] == RANKS and t["job"] == "torchmon-e2e" for t in job.truth)
     total_samples = sum(t["samples_seen"] for t in job.truth)
-    (result,) = job.query("sum(trainer_train_samples_seen_max)")
+    seen = job.metric("trainer_train_samples_seen_max")
+    (result,) = job.query(f"sum({seen})")
     print(f"job ready in {job.seconds:.1f} s; samples: exact {total_samples}, {result['value'][1]}")
     assert float(result["value"][1]) == total_samples, (
-        job.query("trainer_train_samples_seen_max"),
-        job.query("timestamp(trainer_train_samples_seen_max)"),
+        job.query(seen),
+        job.query(f"timestamp({seen})"),
         job.finished,
     )
     # Per rank too, and the series carry the rank labels serve() put on them
     # (the job label renamed exported_job by Prometheus, as docs/guide.md says).
-    per_rank = job.query("trainer_train_samples_seen_max")
+    per_rank = job.query(seen)
     assert {
         item["metric"]["rank"]: (
             float(item["value"][1]),
@@ -172,27 +202,27 @@ def test_sum_over_ranks_equals_what_every_rank_recorded(job: Job) -> None:
 def test_the_histogram_counts_every_step_of_every_rank(job: Job) -> None:
     steps = sum(len(t["step_times"]) for t in job.truth)
     assert steps == RANKS * 150
-    (result,) = job.query("sum(trainer_train_step_time_seconds_histogram_count)")
+    (result,) = job.query(f"sum({job.metric('trainer_train_step_time_seconds_histogram_count')})")
     print(f"steps: exact {steps}, Prometheus {result['value'][1]}")
     assert float(result["value"][1]) == steps
 
 
 def test_max_by_rank_shows_every_rank(job: Job) -> None:
-    result = job.query("max by (rank) (trainer_train_step_time_seconds_max)")
+    step_max = job.metric("trainer_train_step_time_seconds_max")
+    result = job.query(f"max by (rank) ({step_max})")
     assert sorted(values_by(result, "rank")) == [str(rank) for rank in range(RANKS)]
     # Each is that rank's slowest step of its last window: one of its samples.
     for rank, value in values_by(result, "rank").items():
         assert value in job.truth[int(rank)]["step_times"]
-    (slowest,) = job.query("topk(1, max by (rank) (trainer_train_step_time_seconds_max))")
+    (slowest,) = job.query(f"topk(1, max by (rank) ({step_max}))")
     assert float(slowest["value"][1]) == max(values_by(result, "rank").values())
 
 
 def test_p99_across_ranks_is_within_the_histogram_error(job: Job) -> None:
     samples = sorted(x for t in job.truth for x in t["step_times"])
     exact_p99 = samples[max(1, math.ceil(99 * len(samples) / 100)) - 1]
-    (result,) = job.query(
-        "histogram_quantile(0.99, sum by (le) (trainer_train_step_time_seconds_histogram_bucket))"
-    )
+    buckets = job.metric("trainer_train_step_time_seconds_histogram_bucket")
+    (result,) = job.query(f"histogram_quantile(0.99, sum by (le) ({buckets}))")
     estimate = float(result["value"][1])
     # docs/sinks.md ("Histograms of the P aggregations", Error): within
     # (2**(1/b) - 1)·|p99| with b = 4 buckets per octave, the default.
@@ -200,32 +230,42 @@ def test_p99_across_ranks_is_within_the_histogram_error(job: Job) -> None:
     assert abs(estimate - exact_p99) <= (2 ** (1 / 4) - 1) * exact_p99, (estimate, exact_p99)
 
 
-# Prometheus 3's Accept when native histograms are off: text 0.0.4 is the
-# format torchmon's server answers it with.
+# Prometheus 3's Accept when native histograms are off: torchmon's server
+# answers it with text 0.0.4, UTF-8 names (quoted where not legacy).
 PROMETHEUS3_TEXT_ACCEPT = (
     "application/openmetrics-text;version=1.0.0;escaping=allow-utf-8;q=0.6,"
     "application/openmetrics-text;version=0.0.1;q=0.5,"
     "text/plain;version=1.0.0;escaping=allow-utf-8;q=0.4,text/plain;version=0.0.4;q=0.3,*/*;q=0.2"
+)
+# Prometheus 2.42's.
+PROMETHEUS2_TEXT_ACCEPT = (
+    "application/openmetrics-text;version=1.0.0,application/openmetrics-text;version=0.0.1;q=0.75,"
+    "text/plain;version=0.0.4;q=0.5,*/*;q=0.1"
 )
 
 
 def test_bucket_bounds_are_found_as_the_exposition_writes_them(job: Job) -> None:
     # Prometheus 3 refuses a scrape whose Content-Type is missing or unknown,
     # and stores `le` as a float's text ("1" becomes "1.0"): torchmon writes
-    # the type in full and every bound as a float, so that a query naming a
-    # bound as the exposition shows it finds every rank's bucket on 2.x and 3.x.
-    request = urllib.request.Request(
-        f"http://{job.targets[0]}/metrics", headers={"Accept": PROMETHEUS3_TEXT_ACCEPT}
+    # the type in full (with the escaping scheme 3.x asked for) and every
+    # bound as a float, so that a query naming a bound as the exposition
+    # shows it finds every rank's bucket on 2.x and 3.x.
+    accept, content_type = (
+        (PROMETHEUS3_TEXT_ACCEPT, "text/plain; version=0.0.4; charset=utf-8; escaping=allow-utf-8")
+        if job.utf8_names
+        else (PROMETHEUS2_TEXT_ACCEPT, "text/plain; version=0.0.4; charset=utf-8")
     )
+    request = urllib.request.Request(f"http://{job.targets[0]}/metrics", headers={"Accept": accept})
     with urllib.request.urlopen(request, timeout=10) as response:
-        assert response.headers["Content-Type"] == "text/plain; version=0.0.4; charset=utf-8"
+        assert response.headers["Content-Type"] == content_type
         text = response.read().decode("utf-8")
     bounds = re.findall(
-        r'trainer_train_step_time_seconds_histogram_bucket\{[^}]*le="([^"]+)"', text
+        r"(?:trainer_train_step_time_seconds_histogram_bucket\{|"
+        r'\{"trainer_train\.step_time_seconds_histogram_bucket",)[^}]*le="([^"]+)"',
+        text,
     )
     assert "+Inf" in bounds and len(bounds) > 2, text[:2000]
     for bound in bounds:
-        result = job.query(
-            f'count(trainer_train_step_time_seconds_histogram_bucket{{le="{bound}"}})'
-        )
+        selector = job.metric("trainer_train_step_time_seconds_histogram_bucket", f'le="{bound}"')
+        result = job.query(f"count({selector})")
         assert [float(item["value"][1]) for item in result] == [RANKS], bound

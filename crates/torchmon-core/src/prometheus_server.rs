@@ -47,8 +47,88 @@ pub const TEXT_CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
 pub const PROTOBUF_CONTENT_TYPE: &str =
     "application/vnd.google.protobuf; proto=io.prometheus.client.MetricFamily; encoding=delimited";
 
-/// The body of a scrape in `Format`, or `None` once the handler is closed.
-pub type Render = dyn Fn(Format) -> Option<Vec<u8>> + Send + Sync;
+/// A metric-name escaping scheme, as a scraper names it in its `Accept`
+/// header (`escaping=allow-utf-8`, what Prometheus 3 asks for) and as the
+/// response's Content-Type states it (docs/sinks.md, "Prometheus 3").
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Escaping {
+    /// Every character outside `[a-zA-Z0-9_:]` as `_`: torchmon's own
+    /// names, also what a scrape naming no scheme gets.
+    Underscores,
+    /// The names with the Stat keys' own characters (`train.loss.mean`).
+    AllowUtf8,
+    /// `.` as `_dot_`, `_` as `__`, any other character outside the legacy
+    /// set as `__`.
+    Dots,
+    /// A legacy name as it is; any other prefixed `U__`, with `_` as `__`
+    /// and any other character outside the legacy set as `_<hex code>_`.
+    Values,
+}
+
+impl Escaping {
+    /// The scheme named by an `escaping=` value; `None` for an unknown one.
+    pub fn parse(value: &str) -> Option<Escaping> {
+        match value {
+            "underscores" => Some(Escaping::Underscores),
+            "allow-utf-8" => Some(Escaping::AllowUtf8),
+            "dots" => Some(Escaping::Dots),
+            "values" => Some(Escaping::Values),
+            _ => None,
+        }
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Escaping::Underscores => "underscores",
+            Escaping::AllowUtf8 => "allow-utf-8",
+            Escaping::Dots => "dots",
+            Escaping::Values => "values",
+        }
+    }
+}
+
+/// What a scrape gets (`negotiate`): the format, and the escaping scheme
+/// the scraper named, if it named one torchmon knows.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Negotiated {
+    pub format: Format,
+    /// `None`: the names as Prometheus 2 gets them (`Escaping::Underscores`)
+    /// under a Content-Type that names no scheme.
+    pub escaping: Option<Escaping>,
+}
+
+impl From<Format> for Negotiated {
+    /// `format` for a scraper that named no escaping scheme.
+    fn from(format: Format) -> Negotiated {
+        Negotiated {
+            format,
+            escaping: None,
+        }
+    }
+}
+
+impl Negotiated {
+    /// The body's names: `escaping`, or torchmon's own.
+    pub fn names(self) -> Escaping {
+        self.escaping.unwrap_or(Escaping::Underscores)
+    }
+
+    /// The response's Content-Type: the format's, then the scheme used
+    /// when the scraper named one.
+    pub fn content_type(self) -> String {
+        let base = match self.format {
+            Format::Text => TEXT_CONTENT_TYPE,
+            Format::Protobuf => PROTOBUF_CONTENT_TYPE,
+        };
+        match self.escaping {
+            Some(escaping) => format!("{base}; escaping={}", escaping.as_str()),
+            None => base.to_owned(),
+        }
+    }
+}
+
+/// The body of a scrape as negotiated, or `None` once the handler is closed.
+pub type Render = dyn Fn(Negotiated) -> Option<Vec<u8>> + Send + Sync;
 
 /// A request head larger than this is refused (a scrape's is a few hundred bytes).
 pub const MAX_HEAD: usize = 16 * 1024;
@@ -287,11 +367,23 @@ impl Shared {
 /// scrape path: this server's, and `PrometheusEventHandler.render()`'s
 /// through the binding (python/torchmon/handlers/prometheus.py).
 pub fn accepts_protobuf(accept: &str) -> bool {
-    let (mut protobuf, mut text) = (0.0f64, 0.0f64);
+    negotiate(accept).format == Format::Protobuf
+}
+
+/// One entry of an `Accept` header, as far as the negotiation reads it.
+struct AcceptEntry<'a> {
+    quality: f64,
+    /// The format the entry names, if torchmon serves it.
+    format: Option<Format>,
+    escaping: Option<&'a str>,
+}
+
+fn accept_entries(accept: &str) -> Vec<AcceptEntry<'_>> {
+    let mut entries = Vec::new();
     for entry in accept.split(',') {
         let mut parts = entry.split(';').map(str::trim);
         let media_type = parts.next().unwrap_or("").to_ascii_lowercase();
-        let (mut quality, mut proto, mut encoding) = (1.0f64, None, None);
+        let (mut quality, mut proto, mut encoding, mut escaping) = (1.0f64, None, None, None);
         for param in parts {
             let (key, value) = param.split_once('=').unwrap_or((param, ""));
             let value = value.trim().trim_matches('"');
@@ -299,26 +391,64 @@ pub fn accepts_protobuf(accept: &str) -> bool {
                 "q" => quality = value.parse().unwrap_or(0.0),
                 "proto" => proto = Some(value),
                 "encoding" => encoding = Some(value),
+                "escaping" => escaping = Some(value),
                 _ => {}
             }
         }
         if quality.is_nan() {
             quality = 0.0;
         }
-        match media_type.as_str() {
+        let format = match media_type.as_str() {
             "application/vnd.google.protobuf"
                 if proto == Some("io.prometheus.client.MetricFamily")
                     && encoding == Some("delimited") =>
             {
-                protobuf = protobuf.max(quality);
+                Some(Format::Protobuf)
             }
-            "text/plain" | "application/openmetrics-text" | "*/*" | "text/*" => {
-                text = text.max(quality)
-            }
-            _ => {}
+            "text/plain" | "application/openmetrics-text" | "*/*" | "text/*" => Some(Format::Text),
+            _ => None,
+        };
+        entries.push(AcceptEntry {
+            quality,
+            format,
+            escaping,
+        });
+    }
+    entries
+}
+
+/// The format of a scrape (protobuf when the `Accept` header's quality for
+/// it is above 0 and at least that of every text format it names, else
+/// text) and its escaping scheme, read as client_golang reads it: the
+/// entries by falling quality, up to the first naming the chosen format,
+/// the last known `escaping=` among them wins; an unknown one is ignored.
+/// The one negotiation of every scrape path: this server's, and
+/// `PrometheusEventHandler.render()`'s through the binding.
+pub fn negotiate(accept: &str) -> Negotiated {
+    let mut entries = accept_entries(accept);
+    let best = |format: Format| {
+        (entries.iter())
+            .filter(|entry| entry.format == Some(format))
+            .fold(0.0f64, |best, entry| best.max(entry.quality))
+    };
+    let protobuf = best(Format::Protobuf);
+    let format = if protobuf > 0.0 && protobuf >= best(Format::Text) {
+        Format::Protobuf
+    } else {
+        Format::Text
+    };
+    // Stable: entries of equal quality keep the header's order.
+    entries.sort_by(|a, b| b.quality.total_cmp(&a.quality));
+    let mut escaping = None;
+    for entry in entries.iter().filter(|entry| entry.quality > 0.0) {
+        if let Some(scheme) = entry.escaping.and_then(Escaping::parse) {
+            escaping = Some(scheme);
+        }
+        if entry.format == Some(format) {
+            break;
         }
     }
-    protobuf > 0.0 && protobuf >= text
+    Negotiated { format, escaping }
 }
 
 /// A running server. `stop` (or drop) ends it.
@@ -638,7 +768,7 @@ fn reject_connection(stream: &TcpStream, shared: &Shared, index: usize) {
 
 struct Response {
     status: &'static str,
-    content_type: &'static str,
+    content_type: String,
     body: Vec<u8>,
     head_only: bool,
 }
@@ -647,7 +777,7 @@ impl Response {
     fn plain(status: &'static str, body: &str) -> Response {
         Response {
             status,
-            content_type: "text/plain; charset=utf-8",
+            content_type: "text/plain; charset=utf-8".to_owned(),
             body: body.as_bytes().to_vec(),
             head_only: false,
         }
@@ -683,18 +813,11 @@ fn answer(head: &[u8], render: &Arc<Render>) -> Response {
         .map(|(_, value)| value.trim())
         .collect::<Vec<_>>()
         .join(",");
-    let format = if accepts_protobuf(&accept) {
-        Format::Protobuf
-    } else {
-        Format::Text
-    };
-    match render(format) {
+    let negotiated = negotiate(&accept);
+    match render(negotiated) {
         Some(body) => Response {
             status: "200 OK",
-            content_type: match format {
-                Format::Text => TEXT_CONTENT_TYPE,
-                Format::Protobuf => PROTOBUF_CONTENT_TYPE,
-            },
+            content_type: negotiated.content_type(),
             body,
             head_only,
         },
@@ -763,9 +886,7 @@ mod tests {
         let text = "application/openmetrics-text;version=1.0.0;escaping=allow-utf-8;q=0.6,application/openmetrics-text;version=0.0.1;q=0.5,text/plain;version=1.0.0;escaping=allow-utf-8;q=0.4,text/plain;version=0.0.4;q=0.3,*/*;q=0.2";
         assert!(accepts_protobuf(native));
         assert!(!accepts_protobuf(text));
-        // An escaping scheme, known or not, changes no choice: the names are
-        // valid legacy names, the same under every scheme but dots
-        // (docs/sinks.md, "Prometheus 3").
+        // A scheme changes no format.
         for escaping in [
             "allow-utf-8",
             "underscores",
@@ -780,6 +901,48 @@ mod tests {
             assert!(accepts_protobuf(&protobuf), "{protobuf}");
             let plain = format!("text/plain;version=0.0.4;escaping={escaping}");
             assert!(!accepts_protobuf(&plain), "{plain}");
+        }
+        // As client_golang: the entries down to the first of the chosen
+        // format; Prometheus 3's text scrape names allow-utf-8 on its first.
+        let utf8 = Some(Escaping::AllowUtf8);
+        assert_eq!(negotiate(text).escaping, utf8);
+        assert_eq!(negotiate(native).escaping, None);
+        assert_eq!(negotiate(native).format, Format::Protobuf);
+        let negotiated = |accept: &str| {
+            let n = negotiate(accept);
+            (n.format, n.escaping)
+        };
+        assert_eq!(
+            negotiated("text/plain;escaping=dots;q=0.5,text/plain;escaping=values;q=0.9"),
+            (Format::Text, Some(Escaping::Values))
+        );
+        // An unknown scheme is ignored, a known one before it kept.
+        assert_eq!(
+            negotiated("text/plain;escaping=nonsense"),
+            (Format::Text, None)
+        );
+        assert_eq!(
+            negotiated("application/json;escaping=dots,text/plain;escaping=nonsense;q=0.5"),
+            (Format::Text, Some(Escaping::Dots))
+        );
+        // Entries of quality 0 are refused, their scheme too.
+        assert_eq!(
+            negotiated("text/plain;escaping=dots;q=0,*/*"),
+            (Format::Text, None)
+        );
+        assert_eq!(
+            negotiate("text/plain;escaping=underscores").content_type(),
+            format!("{TEXT_CONTENT_TYPE}; escaping=underscores")
+        );
+        assert_eq!(negotiate("").content_type(), TEXT_CONTENT_TYPE);
+        assert_eq!(negotiate(native).content_type(), PROTOBUF_CONTENT_TYPE);
+        for scheme in [
+            Escaping::Underscores,
+            Escaping::AllowUtf8,
+            Escaping::Dots,
+            Escaping::Values,
+        ] {
+            assert_eq!(Escaping::parse(scheme.as_str()), Some(scheme));
         }
     }
 
@@ -796,8 +959,9 @@ mod tests {
         let closed = Arc::new(AtomicBool::new(false));
         let render: Arc<Render> = {
             let closed = closed.clone();
-            Arc::new(move |format| {
-                (!closed.load(Ordering::SeqCst)).then(|| format!("{format:?}").into_bytes())
+            Arc::new(move |negotiated: Negotiated| {
+                (!closed.load(Ordering::SeqCst))
+                    .then(|| format!("{:?}", negotiated.format).into_bytes())
             })
         };
         let server = Server::start("127.0.0.1", 0, render).unwrap();
@@ -812,6 +976,18 @@ mod tests {
             b"GET / HTTP/1.1\r\naccept: application/vnd.google.protobuf;proto=io.prometheus.client.MetricFamily;encoding=delimited\r\n\r\n",
         );
         assert!(protobuf.ends_with("\r\n\r\nProtobuf"), "{protobuf}");
+        assert!(protobuf.contains(&format!("\r\nContent-Type: {PROTOBUF_CONTENT_TYPE}\r\n")));
+        // The scheme the scraper named, stated by the Content-Type.
+        let utf8 = get(
+            port,
+            b"GET / HTTP/1.1\r\naccept: text/plain;version=0.0.4;escaping=allow-utf-8\r\n\r\n",
+        );
+        assert!(
+            utf8.contains(&format!(
+                "\r\nContent-Type: {TEXT_CONTENT_TYPE}; escaping=allow-utf-8\r\n"
+            )),
+            "{utf8}"
+        );
         assert!(get(port, b"GET /other HTTP/1.1\r\n\r\n").starts_with("HTTP/1.1 404"));
         assert!(get(port, b"POST /metrics HTTP/1.1\r\n\r\n").starts_with("HTTP/1.1 405"));
         assert!(get(port, b"garbage\r\n\r\n").starts_with("HTTP/1.1 400"));
@@ -835,7 +1011,7 @@ mod tests {
     }
 
     fn text_render() -> Arc<Render> {
-        Arc::new(|format| Some(format!("{format:?}").into_bytes()))
+        Arc::new(|negotiated: Negotiated| Some(format!("{:?}", negotiated.format).into_bytes()))
     }
 
     /// Reads until the server closes; what it sent, and how long that took.

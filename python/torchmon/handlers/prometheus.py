@@ -341,9 +341,10 @@ class PrometheusEventHandler(ClosesOnExit):
         text (OpenMetrics when asked for). The text format 0.0.4 of a
         :meth:`serve` handler's own registry is rendered in Rust without the
         GIL too (the same bytes). ``None`` once closed."""
-        if _PrometheusExposition.accepts_protobuf(accept or ""):
-            body = self._native.render(protobuf=True)
-            return None if body is None else (PROTOBUF_CONTENT_TYPE, body)
+        protobuf, escaping, native_type = _PrometheusExposition.negotiate(accept or "")
+        if protobuf:
+            body = self._native.render(protobuf=True, escaping=escaping)
+            return None if body is None else (native_type, body)
         if self._closed:
             return None
         # The one place prometheus_client renders: OpenMetrics, and a
@@ -352,8 +353,9 @@ class PrometheusEventHandler(ClosesOnExit):
 
         encoder, content_type = choose_encoder(accept or "")
         if self._text_from_core and encoder is generate_latest:
-            body = self._native.render(protobuf=False)
-            return None if body is None else (content_type, body)
+            # The Rust server's body, names and Content-Type.
+            body = self._native.render(protobuf=False, escaping=escaping)
+            return None if body is None else (native_type, body)
         return content_type, encoder(self._registry)
 
     def wsgi_app(self) -> Callable[[dict[str, Any], Any], Iterable[bytes]]:
@@ -391,7 +393,9 @@ class PrometheusEventHandler(ClosesOnExit):
         source = self._sources.get(name)
         if source is None:
             try:
-                self._declare(name, stat_description(key), key, histogram=False)
+                self._declare(
+                    name, stat_description(key), key, histogram=False, utf8_name=self._prefix + key
+                )
             except ValueError as exc:
                 raise ValueError(
                     f"PrometheusEventHandler: cannot create the gauge {name!r} for {key!r}: "
@@ -435,7 +439,13 @@ class PrometheusEventHandler(ClosesOnExit):
         if source is None:
             help_text = f"torchmon Stat {stat!r}, every sample of every closed window"
             try:
-                self._declare(name, help_text, f"{stat} (histogram)", histogram=True)
+                self._declare(
+                    name,
+                    help_text,
+                    f"{stat} (histogram)",
+                    histogram=True,
+                    utf8_name=f"{self._prefix}{stat}_histogram",
+                )
             except ValueError as exc:
                 raise ValueError(
                     f"PrometheusEventHandler: cannot create the histogram {name!r} for Stat "
@@ -448,7 +458,9 @@ class PrometheusEventHandler(ClosesOnExit):
             )
         self._native.add_distribution(name, distribution)
 
-    def _declare(self, name: str, help_text: str, source: str, *, histogram: bool) -> None:
+    def _declare(
+        self, name: str, help_text: str, source: str, *, histogram: bool, utf8_name: str
+    ) -> None:
         """Declares a metric first seen once the registry accepts its name
         (and, for a histogram, its series' names), or raises the registry's
         ``ValueError``: the registry's own check, the name held there by a
@@ -458,7 +470,9 @@ class PrometheusEventHandler(ClosesOnExit):
         self._registry.register(names)
         self._new_names.append(names)
         self._sources[name] = source
-        self._native.declare(name, help_text, histogram)
+        # utf8_name: the name with the key's own characters, for a scraper
+        # that asks for UTF-8 names (docs/sinks.md, "Prometheus 3").
+        self._native.declare(name, help_text, histogram, utf8_name)
 
     def _take_over_new_names(self) -> None:
         """The collector, registered again, holds the names the event

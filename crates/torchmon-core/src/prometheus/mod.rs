@@ -24,7 +24,8 @@ mod text;
 pub use cumulative::{ClassicLayout, Cumulative, MIN_SCHEMA, Native, ZERO_THRESHOLD};
 pub use text::go_float;
 
-use crate::prometheus_server::Format;
+use crate::prometheus_server::{Escaping, Format, Negotiated};
+use std::borrow::Cow;
 
 use text::TextLabels;
 
@@ -35,8 +36,76 @@ enum Value {
 
 struct Family {
     name: String,
+    /// The name with the Stat key's own characters (`train.loss.mean`
+    /// where `name` is `train_loss_mean`): what `Escaping::AllowUtf8`
+    /// shows, and what the other schemes escape.
+    utf8_name: String,
     help: String,
     value: Value,
+}
+
+impl Family {
+    /// The family's name in a body whose names follow `escaping`.
+    fn shown_name(&self, escaping: Escaping) -> Cow<'_, str> {
+        match escaping {
+            Escaping::Underscores => Cow::Borrowed(&self.name),
+            scheme => escape_name(&self.utf8_name, scheme),
+        }
+    }
+}
+
+/// Whether `name` is a metric name of Prometheus 2: `[a-zA-Z_:][a-zA-Z0-9_:]*`.
+pub fn is_legacy_name(name: &str) -> bool {
+    !name.is_empty() && name.chars().enumerate().all(|(i, c)| legacy_char(c, i))
+}
+
+fn legacy_char(c: char, index: usize) -> bool {
+    c.is_ascii_alphabetic() || c == '_' || c == ':' || (index > 0 && c.is_ascii_digit())
+}
+
+/// `name` as a body under `scheme` shows it, as client_golang escapes a
+/// name (docs/sinks.md, "Prometheus 3"): `AllowUtf8` as it is;
+/// `Underscores` each character outside the legacy set as `_` (a legacy
+/// name as it is); `Dots` `_` as `__`, `.` as `_dot_`, any other character
+/// outside the legacy set as `__`; `Values` a legacy name as it is, any
+/// other prefixed `U__` with `_` as `__` and any other character outside
+/// the legacy set as `_<hex code>_`.
+pub fn escape_name(name: &str, scheme: Escaping) -> Cow<'_, str> {
+    use std::fmt::Write;
+    match scheme {
+        Escaping::AllowUtf8 => Cow::Borrowed(name),
+        Escaping::Underscores | Escaping::Values if is_legacy_name(name) => Cow::Borrowed(name),
+        Escaping::Underscores => Cow::Owned(
+            (name.chars().enumerate())
+                .map(|(i, c)| if legacy_char(c, i) { c } else { '_' })
+                .collect(),
+        ),
+        Escaping::Dots => {
+            let mut out = String::with_capacity(name.len() + 8);
+            for (i, c) in name.chars().enumerate() {
+                match c {
+                    '_' => out.push_str("__"),
+                    '.' => out.push_str("_dot_"),
+                    c if legacy_char(c, i) => out.push(c),
+                    _ => out.push_str("__"),
+                }
+            }
+            Cow::Owned(out)
+        }
+        Escaping::Values => {
+            let mut out = String::from("U__");
+            for (i, c) in name.chars().enumerate() {
+                match c {
+                    '_' => out.push_str("__"),
+                    c if legacy_char(c, i) => out.push(c),
+                    c => {
+                        let _ = write!(out, "_{:x}_", u32::from(c));
+                    }
+                }
+            }
+            Cow::Owned(out)
+        }
+    }
 }
 
 #[derive(Default)]
@@ -60,10 +129,11 @@ pub struct Exposition {
     /// The text exposition's label sets, written once (`text::TextLabels`).
     text_labels: TextLabels,
     families: Mutex<Families>,
-    /// Every `(name, help, histogram)` declared, for `fresh`: its lock is
-    /// taken only by `declare` and `fresh`, never by a render, so a forked
-    /// child never finds it held by a thread the fork left behind.
-    declared: Mutex<Vec<(String, String, bool)>>,
+    /// Every `(name, utf8_name, help, histogram)` declared, for `fresh`:
+    /// its lock is taken only by `declare_as` and `fresh`, never by a
+    /// render, so a forked child never finds it held by a thread the fork
+    /// left behind.
+    declared: Mutex<Vec<(String, String, String, bool)>>,
     /// The name of the watchdog's beat-age gauge, read at each render
     /// (`with_watchdog_gauge`).
     watchdog_gauge: Option<String>,
@@ -125,6 +195,7 @@ impl Exposition {
         {
             list.push(Arc::new(Mutex::new(Family {
                 name: name.clone(),
+                utf8_name: name.clone(),
                 help: WATCHDOG_GAUGE_HELP.to_owned(),
                 value: Value::Gauge(seconds),
             })));
@@ -144,8 +215,8 @@ impl Exposition {
             self.protobuf_classic,
         );
         fresh.watchdog_gauge = self.watchdog_gauge.clone();
-        for (name, help, histogram) in self.declared.lock().iter() {
-            let _ = fresh.declare(name, help, *histogram);
+        for (name, utf8_name, help, histogram) in self.declared.lock().iter() {
+            let _ = fresh.declare_as(name, utf8_name, help, *histogram);
         }
         fresh
     }
@@ -153,6 +224,18 @@ impl Exposition {
     /// Creates the gauge (`histogram` false, value 0) or the histogram
     /// `name` with `help` (true); a no-op if it exists with that kind (false).
     pub fn declare(&self, name: &str, help: &str, histogram: bool) -> Result<bool, KindClash> {
+        self.declare_as(name, name, help, histogram)
+    }
+
+    /// `declare`, with the name a body whose scraper asked for UTF-8 names
+    /// shows (`train.loss.mean` for `train_loss_mean`; `Escaping`).
+    pub fn declare_as(
+        &self,
+        name: &str,
+        utf8_name: &str,
+        help: &str,
+        histogram: bool,
+    ) -> Result<bool, KindClash> {
         let mut declared = self.declared.lock();
         let mut families = self.families.lock();
         if let Some(&index) = families.by_name.get(name) {
@@ -170,12 +253,18 @@ impl Exposition {
         };
         families.list.push(Arc::new(Mutex::new(Family {
             name: name.to_owned(),
+            utf8_name: utf8_name.to_owned(),
             help: help.to_owned(),
             value,
         })));
         let index = families.list.len() - 1;
         families.by_name.insert(name.to_owned(), index);
-        declared.push((name.to_owned(), help.to_owned(), histogram));
+        declared.push((
+            name.to_owned(),
+            utf8_name.to_owned(),
+            help.to_owned(),
+            histogram,
+        ));
         Ok(true)
     }
 
@@ -282,21 +371,22 @@ impl Served {
         })
     }
 
-    /// A scrape's body in `format`, or `None` once `closed`.
-    pub fn render(&self, closed: &AtomicBool, format: Format) -> Option<Vec<u8>> {
+    /// A scrape's body as negotiated, or `None` once `closed`.
+    pub fn render(&self, closed: &AtomicBool, negotiated: Negotiated) -> Option<Vec<u8>> {
         let _not_closing = self.closing.lock();
         if closed.load(Ordering::Acquire) {
             return None;
         }
-        Some(match format {
+        let names = negotiated.names();
+        Some(match negotiated.format {
             Format::Protobuf => {
                 let mut body = Vec::with_capacity(256 * self.exposition.len());
-                self.exposition.encode_protobuf(&mut body);
+                self.exposition.encode_protobuf_as(&mut body, names);
                 body
             }
             Format::Text => {
                 let mut body = String::with_capacity(512 * self.exposition.len());
-                self.exposition.encode_text(&mut body);
+                self.exposition.encode_text_as(&mut body, names);
                 body.into_bytes()
             }
         })
@@ -314,6 +404,41 @@ impl Served {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn names_are_escaped_as_client_golang_escapes_them() {
+        use Escaping::*;
+        for (name, scheme, expected) in [
+            ("train.loss", AllowUtf8, "train.loss"),
+            ("train.loss", Underscores, "train_loss"),
+            ("0a.b", Underscores, "_a_b"),
+            ("train.loss_x", Dots, "train_dot_loss__x"),
+            ("legacy_name", Dots, "legacy__name"),
+            ("a-b", Dots, "a__b"),
+            ("legacy_name", Values, "legacy_name"),
+            ("train.loss_x", Values, "U__train_2e_loss__x"),
+            ("é", Values, "U___e9_"),
+            ("a\u{1F600}", Values, "U__a_1f600_"),
+            ("0a", Values, "U___30_a"),
+        ] {
+            assert_eq!(escape_name(name, scheme), expected, "{name} {scheme:?}");
+        }
+        assert!(is_legacy_name("a:b_0") && !is_legacy_name("0a") && !is_legacy_name(""));
+        assert!(!is_legacy_name("a.b"));
+    }
+
+    #[test]
+    fn a_fresh_exposition_keeps_the_utf8_names() {
+        let e = Exposition::new(vec![], 160, None, false);
+        e.declare_as("a_b", "a.b", "h", false).unwrap();
+        let mut body = Vec::new();
+        e.fresh().encode_protobuf_as(&mut body, Escaping::AllowUtf8);
+        assert!(body.windows(3).any(|w| w == b"a.b"));
+        body.clear();
+        e.fresh().encode_protobuf(&mut body);
+        assert!(!body.windows(3).any(|w| w == b"a.b"));
+        assert!(body.windows(3).any(|w| w == b"a_b"));
+    }
 
     #[test]
     fn kinds_do_not_share_a_name() {
@@ -388,13 +513,16 @@ mod tests {
         served.exposition.declare("g", "gauge", false).unwrap();
         served.exposition.set_gauge("g", 2.0);
         let closed = AtomicBool::new(false);
-        let text = served.render(&closed, Format::Text).unwrap();
+        let text = served.render(&closed, Format::Text.into()).unwrap();
         assert_eq!(text, b"# HELP g gauge\n# TYPE g gauge\ng 2.0\n");
         let mut protobuf = Vec::new();
         served.exposition.encode_protobuf(&mut protobuf);
-        assert_eq!(served.render(&closed, Format::Protobuf), Some(protobuf));
+        assert_eq!(
+            served.render(&closed, Format::Protobuf.into()),
+            Some(protobuf)
+        );
         served.close(&closed);
         assert!(closed.load(Ordering::Acquire));
-        assert_eq!(served.render(&closed, Format::Text), None);
+        assert_eq!(served.render(&closed, Format::Text.into()), None);
     }
 }

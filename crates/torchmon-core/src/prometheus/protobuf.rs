@@ -9,6 +9,7 @@
 //! Prometheus.
 
 use super::{Cumulative, Exposition, Value, ZERO_THRESHOLD};
+use crate::prometheus_server::Escaping;
 
 /// Declares a module of field numbers per message, named as in
 /// `metrics.proto` (the constant is the field name in upper case), and, for
@@ -91,6 +92,11 @@ impl Exposition {
     /// messages (`application/vnd.google.protobuf;
     /// proto=io.prometheus.client.MetricFamily; encoding=delimited`).
     pub fn encode_protobuf(&self, out: &mut Vec<u8>) {
+        self.encode_protobuf_as(out, Escaping::Underscores);
+    }
+
+    /// `encode_protobuf` with the names `names` shows (`Escaping`).
+    pub fn encode_protobuf_as(&self, out: &mut Vec<u8>, names: Escaping) {
         let list = self.rendered();
         let mut family_bytes = Vec::new();
         let mut metric_bytes = Vec::new();
@@ -109,7 +115,7 @@ impl Exposition {
             }
             {
                 let family = family.lock();
-                f.bytes(metric_family::NAME, family.name.as_bytes());
+                f.bytes(metric_family::NAME, family.shown_name(names).as_bytes());
                 f.bytes(metric_family::HELP, family.help.as_bytes());
                 match &family.value {
                     Value::Gauge(value) => {

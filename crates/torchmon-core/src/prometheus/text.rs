@@ -2,7 +2,8 @@
 //! writes for the same registry (python/torchmon/handlers/prometheus.py):
 //! its escaping, its label order and its `floatToGoString` (`go_float`).
 
-use super::{ClassicLayout, Exposition, Value};
+use super::{ClassicLayout, Exposition, Value, is_legacy_name};
+use crate::prometheus_server::Escaping;
 
 /// The text exposition's label sets, rendered once: every label sorted by
 /// name (`name="value"`, escaped), and for a histogram's buckets the labels
@@ -67,20 +68,31 @@ impl Exposition {
     /// `floatToGoString`, a histogram's `_bucket` lines at the classic
     /// bounds, then `_count` and `_sum`.
     pub fn encode_text(&self, out: &mut String) {
+        self.encode_text_as(out, Escaping::Underscores);
+    }
+
+    /// `encode_text` with the names `names` shows (`Escaping`): a name
+    /// outside the legacy set (`AllowUtf8` only) is quoted, as the text
+    /// format of Prometheus 3 and client_golang write it: `# HELP "a.b" ...`
+    /// and `{"a.b_count",rank="0"} 3.0`.
+    pub fn encode_text_as(&self, out: &mut String, names: Escaping) {
         let list = self.rendered();
         for family in list {
             let family = family.lock();
-            let name = family.name.as_str();
+            let shown = family.shown_name(names);
+            let name = shown.as_ref();
+            // Suffixes (`_bucket`...) keep a name legacy or not.
+            let legacy = is_legacy_name(name);
             out.push_str("# HELP ");
-            out.push_str(name);
+            push_name(out, name, legacy, "");
             out.push(' ');
             escape_help(&family.help, out);
             out.push_str("\n# TYPE ");
-            out.push_str(name);
+            push_name(out, name, legacy, "");
             match &family.value {
                 Value::Gauge(value) => {
                     out.push_str(" gauge\n");
-                    text_sample(out, name, "", &self.text_labels.plain, *value);
+                    text_sample(out, name, legacy, "", &self.text_labels.plain, *value);
                 }
                 Value::Histogram(cumulative) => {
                     out.push_str(" histogram\n");
@@ -97,24 +109,56 @@ impl Exposition {
                         .iter()
                         .zip(counts.chain(std::iter::once(count)))
                     {
-                        text_sample(out, name, "_bucket", labels, value);
+                        text_sample(out, name, legacy, "_bucket", labels, value);
                     }
-                    text_sample(out, name, "_count", &self.text_labels.plain, count);
-                    text_sample(out, name, "_sum", &self.text_labels.plain, cumulative.sum);
+                    text_sample(out, name, legacy, "_count", &self.text_labels.plain, count);
+                    text_sample(
+                        out,
+                        name,
+                        legacy,
+                        "_sum",
+                        &self.text_labels.plain,
+                        cumulative.sum,
+                    );
                 }
             }
         }
     }
 }
 
+/// `name` and `suffix`, in double quotes (escaped as a label value) unless
+/// they make a legacy name (`legacy`).
+fn push_name(out: &mut String, name: &str, legacy: bool, suffix: &str) {
+    if legacy {
+        out.push_str(name);
+        out.push_str(suffix);
+    } else {
+        out.push('"');
+        escape_label_value(name, out);
+        escape_label_value(suffix, out);
+        out.push('"');
+    }
+}
+
 /// One sample line: `name` and `suffix`, the label set in braces unless
-/// it is empty, and the value as floatToGoString writes it.
-fn text_sample(out: &mut String, name: &str, suffix: &str, labels: &str, value: f64) {
-    out.push_str(name);
-    out.push_str(suffix);
-    if !labels.is_empty() {
+/// it is empty, and the value as floatToGoString writes it. A quoted name
+/// goes inside the braces, first.
+fn text_sample(out: &mut String, name: &str, legacy: bool, suffix: &str, labels: &str, value: f64) {
+    if legacy {
+        out.push_str(name);
+        out.push_str(suffix);
+        if !labels.is_empty() {
+            out.push('{');
+            out.push_str(labels);
+            out.push('}');
+        }
+    } else {
         out.push('{');
-        out.push_str(labels);
+        push_name(out, name, false, suffix);
+        if !labels.is_empty() {
+            out.push(',');
+            out.push_str(labels);
+        }
         out.push('}');
     }
     out.push(' ');
@@ -312,5 +356,61 @@ mod tests {
                  h_count{{{labels}}} 3.0\nh_sum{{{labels}}} 3.0\n"
             )
         );
+    }
+
+    #[test]
+    fn names_follow_the_escaping_scheme_and_utf8_ones_are_quoted() {
+        let e = Exposition::new(vec![("rank".to_owned(), "0".to_owned())], 160, None, false);
+        e.declare_as("train_loss_mean", "train.loss.mean", "g", false)
+            .unwrap();
+        e.declare_as("t_h_histogram", "t.h_histogram", "h", true)
+            .unwrap();
+        e.declare("plain", "p", false).unwrap();
+        e.set_gauge("train_loss_mean", 0.25);
+        e.update_histogram("t_h_histogram", |c| {
+            c.add_window(3.0, 1, 0, 0, [(0, 2)], [])
+        });
+        let text = |names| {
+            let mut text = String::new();
+            e.encode_text_as(&mut text, names);
+            text
+        };
+        // Prometheus 2's body, byte for byte.
+        let mut legacy = String::new();
+        e.encode_text(&mut legacy);
+        assert_eq!(text(Escaping::Underscores), legacy);
+        assert!(legacy.contains("train_loss_mean{rank=\"0\"} 0.25\n"));
+        assert_eq!(
+            text(Escaping::AllowUtf8),
+            "# HELP \"train.loss.mean\" g\n# TYPE \"train.loss.mean\" gauge\n\
+             {\"train.loss.mean\",rank=\"0\"} 0.25\n\
+             # HELP \"t.h_histogram\" h\n# TYPE \"t.h_histogram\" histogram\n\
+             {\"t.h_histogram_bucket\",le=\"+Inf\",rank=\"0\"} 3.0\n\
+             {\"t.h_histogram_count\",rank=\"0\"} 3.0\n\
+             {\"t.h_histogram_sum\",rank=\"0\"} 3.0\n\
+             # HELP plain p\n# TYPE plain gauge\nplain{rank=\"0\"} 0.0\n"
+        );
+        let dots = text(Escaping::Dots);
+        assert!(
+            dots.contains("train_dot_loss_dot_mean{rank=\"0\"} 0.25\n"),
+            "{dots}"
+        );
+        assert!(
+            dots.contains("t_dot_h__histogram_count{rank=\"0\"} 3.0\n"),
+            "{dots}"
+        );
+        let values = text(Escaping::Values);
+        assert!(
+            values.contains("U__train_2e_loss_2e_mean{rank=\"0\"} 0.25\n"),
+            "{values}"
+        );
+        assert!(values.contains("\nplain{rank=\"0\"} 0.0\n"), "{values}");
+    }
+
+    #[test]
+    fn a_quoted_name_is_escaped_as_a_label_value() {
+        let mut out = String::new();
+        text_sample(&mut out, "a\"b\\c", false, "_sum", "", 1.0);
+        assert_eq!(out, "{\"a\\\"b\\\\c_sum\"} 1.0\n");
     }
 }
