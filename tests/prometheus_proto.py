@@ -25,6 +25,9 @@ _MESSAGES: list[tuple[str, list[tuple[str, int, int, int, str | None]]]] = [
     ("Bucket", [("cumulative_count", 1, _F.TYPE_UINT64, _OPTIONAL, None),
                 ("cumulative_count_float", 4, _F.TYPE_DOUBLE, _OPTIONAL, None),
                 ("upper_bound", 2, _F.TYPE_DOUBLE, _OPTIONAL, None)]),
+    # google/protobuf/timestamp.proto's.
+    ("Timestamp", [("seconds", 1, _F.TYPE_INT64, _OPTIONAL, None),
+                   ("nanos", 2, _F.TYPE_INT32, _OPTIONAL, None)]),
     ("BucketSpan", [("offset", 1, _F.TYPE_SINT32, _OPTIONAL, None),
                     ("length", 2, _F.TYPE_UINT32, _OPTIONAL, None)]),
     ("Histogram", [
@@ -32,6 +35,7 @@ _MESSAGES: list[tuple[str, list[tuple[str, int, int, int, str | None]]]] = [
         ("sample_count_float", 4, _F.TYPE_DOUBLE, _OPTIONAL, None),
         ("sample_sum", 2, _F.TYPE_DOUBLE, _OPTIONAL, None),
         ("bucket", 3, _F.TYPE_MESSAGE, _REPEATED, "Bucket"),
+        ("created_timestamp", 15, _F.TYPE_MESSAGE, _OPTIONAL, "Timestamp"),
         ("schema", 5, _F.TYPE_SINT32, _OPTIONAL, None),
         ("zero_threshold", 6, _F.TYPE_DOUBLE, _OPTIONAL, None),
         ("zero_count", 7, _F.TYPE_UINT64, _OPTIONAL, None),

@@ -130,7 +130,7 @@ class PrometheusServer:
     ``native_histograms``: with the feature flag that makes Prometheus 2.x
     ask for the protobuf format and ingest native histograms
     (docs/sinks.md, "Native histograms"). ``binary``: which Prometheus (by
-    default bookworm's, ``PROMETHEUS``)."""
+    default bookworm's, ``PROMETHEUS``); ``features``: more feature flags."""
 
     def __init__(
         self,
@@ -141,6 +141,7 @@ class PrometheusServer:
         native_histograms: bool = False,
         scrape_interval: str = "1s",
         binary: str | None = None,
+        features: tuple[str, ...] = (),
     ) -> None:
         if binary is None:
             binary = server_binary("prometheus2")
@@ -168,6 +169,7 @@ class PrometheusServer:
                 f"--storage.tsdb.path={tmp / 'tsdb'}",
                 f"--web.listen-address=127.0.0.1:{port}",
                 *(["--enable-feature=native-histograms"] if native_histograms else []),
+                *(f"--enable-feature={feature}" for feature in features),
             ],
             stdin=subprocess.DEVNULL,
             stdout=self._log,

@@ -14,6 +14,7 @@ import subprocess
 import sys
 import textwrap
 import threading
+import time
 import urllib.error
 import urllib.request
 from collections import Counter
@@ -121,6 +122,27 @@ def test_a_distribution_is_one_native_histogram_with_exact_negative_buckets() ->
     gauge = found["reward_count"]
     assert gauge.type == METRIC_TYPES["GAUGE"]
     assert gauge.metric[0].gauge.value == 3.0
+    sink.close()
+
+
+def test_a_histogram_states_when_its_counts_started() -> None:
+    """created_timestamp (docs/sinks.md, "Prometheus 3"): when the histogram
+    was declared, its first window's arrival, the same at every later scrape;
+    a gauge has none (the Gauge message has no such field)."""
+    sink = handler()
+    before = time.time()
+    sink(WindowEvent("lat", [1.0, 2.0]))
+    after = time.time()
+    first = families(sink)["lat_histogram"].metric[0].histogram
+    assert first.HasField("created_timestamp")
+    created = first.created_timestamp.seconds + first.created_timestamp.nanos / 1e9
+    assert before - 1e-6 <= created <= after + 1e-6, (before, created, after)
+    time.sleep(0.01)
+    sink(WindowEvent("lat", [3.0]))
+    again = families(sink)["lat_histogram"].metric[0].histogram
+    assert again.sample_count == 3
+    assert again.created_timestamp == first.created_timestamp
+    assert not families(sink)["lat_count"].metric[0].HasField("histogram")
     sink.close()
 
 

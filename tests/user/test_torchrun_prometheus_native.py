@@ -54,6 +54,8 @@ class Job:
     query: Callable[[str], list[dict[str, Any]]]
     samples: dict[str, list[float]]  # every rank's samples, by Stat
     seconds: float
+    version: str  # one of prometheus_server.PROMETHEUS_VERSIONS
+    started: float  # time.time() before the ranks started
 
 
 # Each test runs against both Prometheus versions (tests/prometheus_server.py),
@@ -62,6 +64,7 @@ class Job:
 def job(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Job]:
     binary = server_binary(request.param)
     started = time.monotonic()
+    wall_start = time.time()
     tmp = tmp_path_factory.mktemp("torchrun_native")
     port_base = free_port_run(RANKS)
     targets = [f"127.0.0.1:{port_base + rank}" for rank in range(RANKS)]
@@ -69,8 +72,11 @@ def job(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
     truth_dir = tmp / "truth"
     # An ExitStack, not a parenthesised with: the tests also run on Python 3.9.
     with contextlib.ExitStack() as stack:
+        # 3.x also ingests each histogram's created_timestamp as a zero
+        # sample (docs/sinks.md, "Prometheus 3"); 2.42 has no such feature.
+        features = ("created-timestamp-zero-ingestion",) if request.param == "prometheus3" else ()
         server = stack.enter_context(
-            PrometheusServer(tmp, targets, native_histograms=True, binary=binary)
+            PrometheusServer(tmp, targets, native_histograms=True, binary=binary, features=features)
         )
         log = stack.enter_context(log_path.open("wb"))
         torchrun: subprocess.Popen[bytes] | None = None
@@ -112,7 +118,7 @@ def job(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
                 for name, values in json.loads(path.read_text())["samples"].items():
                     samples[name] += values
             server.wait_for_scrapes_after(finished)
-            yield Job(server.query, samples, time.monotonic() - started)
+            yield Job(server.query, samples, time.monotonic() - started, request.param, wall_start)
         finally:
             pids = [
                 int(p) for p in re.findall(r"\(pid (\d+)\)", log_path.read_text(errors="replace"))
@@ -159,3 +165,22 @@ def test_cross_rank_p99_is_within_two_percent_of_exact(job: Job) -> None:
             estimate = value(job.query(f"histogram_quantile({q}, sum({name}_histogram))"))
             print(f"{name} q{q}: exact {exact!r}, Prometheus {estimate!r}")
             assert abs(estimate - exact) <= 0.02 * abs(exact), (name, q, estimate, exact)
+
+
+def test_histograms_start_at_their_created_timestamp_on_prometheus_3(job: Job) -> None:
+    # torchmon's protobuf body carries each histogram's created_timestamp
+    # (when its first window arrived); 3.x with
+    # created-timestamp-zero-ingestion stores a zero sample there, before the
+    # first scrape's, so that rate() and increase() count the first window
+    # too. 2.42 has no such feature: its first sample is the first scrape's.
+    for name in STATS:
+        series = job.query(f"{name}_histogram[10m]")
+        assert len(series) == RANKS
+        for item in series:
+            (when, first), *rest = item["histograms"]
+            if job.version == "prometheus3":
+                assert float(first["count"]) == 0, (name, item["metric"], first)
+                assert rest, item["metric"]
+                assert job.started <= float(when) < float(rest[0][0]), (name, when)
+            else:
+                assert float(first["count"]) > 0, (name, item["metric"], first)

@@ -26,6 +26,7 @@ pub use text::go_float;
 
 use crate::prometheus_server::{Escaping, Format, Negotiated};
 use std::borrow::Cow;
+use std::time::SystemTime;
 
 use text::TextLabels;
 
@@ -42,6 +43,10 @@ struct Family {
     utf8_name: String,
     help: String,
     value: Value,
+    /// When a histogram was declared (its counts start then): the protobuf
+    /// body's `created_timestamp`, which Prometheus 3 can ingest as a zero
+    /// sample (docs/sinks.md, "Prometheus 3"). `None` for a gauge.
+    created: Option<SystemTime>,
 }
 
 impl Family {
@@ -198,6 +203,7 @@ impl Exposition {
                 utf8_name: name.clone(),
                 help: WATCHDOG_GAUGE_HELP.to_owned(),
                 value: Value::Gauge(seconds),
+                created: None,
             })));
         }
         list
@@ -256,6 +262,7 @@ impl Exposition {
             utf8_name: utf8_name.to_owned(),
             help: help.to_owned(),
             value,
+            created: histogram.then(SystemTime::now),
         })));
         let index = families.list.len() - 1;
         families.by_name.insert(name.to_owned(), index);

@@ -10,6 +10,7 @@
 
 use super::{Cumulative, Exposition, Value, ZERO_THRESHOLD};
 use crate::prometheus_server::Escaping;
+use std::time::{SystemTime, UNIX_EPOCH};
 
 /// Declares a module of field numbers per message, named as in
 /// `metrics.proto` (the constant is the field name in upper case), and, for
@@ -61,6 +62,7 @@ fields! {
         SAMPLE_COUNT = 1,
         SAMPLE_SUM = 2,
         BUCKET = 3,
+        CREATED_TIMESTAMP = 15,
         SCHEMA = 5,
         ZERO_THRESHOLD = 6,
         ZERO_COUNT = 7,
@@ -73,6 +75,12 @@ fields! {
     mod bucket = "Bucket" {
         CUMULATIVE_COUNT = 1,
         UPPER_BOUND = 2,
+    }
+    /// `message Timestamp` of google/protobuf/timestamp.proto: a histogram's
+    /// `created_timestamp`.
+    mod timestamp = "Timestamp" {
+        SECONDS = 1,
+        NANOS = 2,
     }
     /// `message BucketSpan`: a run of consecutive native buckets.
     mod bucket_span = "BucketSpan" {
@@ -127,7 +135,7 @@ impl Exposition {
                     Value::Histogram(cumulative) => {
                         f.varint(metric_family::TYPE, metric_type::HISTOGRAM);
                         scratch.clear();
-                        self.encode_histogram(cumulative, &mut scratch);
+                        self.encode_histogram(cumulative, family.created, &mut scratch);
                         m.bytes(metric::HISTOGRAM, &scratch);
                     }
                 }
@@ -138,11 +146,24 @@ impl Exposition {
         }
     }
 
-    fn encode_histogram(&self, cumulative: &Cumulative, out: &mut Vec<u8>) {
+    fn encode_histogram(
+        &self,
+        cumulative: &Cumulative,
+        created: Option<SystemTime>,
+        out: &mut Vec<u8>,
+    ) {
         let native = cumulative.native(self.max_buckets);
         let mut h = Encoder(out);
         h.varint(histogram::SAMPLE_COUNT, native.count);
         h.double_always(histogram::SAMPLE_SUM, native.sum);
+        // Since the epoch; a clock set before it gives no created time.
+        if let Some(since) = created.and_then(|t| t.duration_since(UNIX_EPOCH).ok()) {
+            let mut stamp = Vec::with_capacity(12);
+            let mut t = Encoder(&mut stamp);
+            t.varint(timestamp::SECONDS, since.as_secs());
+            t.varint(timestamp::NANOS, u64::from(since.subsec_nanos()));
+            h.bytes(histogram::CREATED_TIMESTAMP, &stamp);
+        }
         if let Some(layout) = self.classic.as_ref().filter(|_| self.protobuf_classic) {
             let mut bucket_bytes = Vec::new();
             for (le, count) in cumulative.classic(layout) {
