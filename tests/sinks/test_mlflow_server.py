@@ -98,7 +98,7 @@ from pathlib import Path
 import torchmon
 
 uri, tmp = sys.argv[1], Path(sys.argv[2])
-sink = torchmon.MLflowEventHandler(uri, experiment_name="kill", export_timeout=2.0,
+sink = torchmon.MLflowEventHandler(uri, experiment_name="kill", export_timeout=15.0,
                                    retry_interval=0.2)
 print(json.dumps({"run_id": sink.run_id}), flush=True)
 torchmon.register_event_handler(torchmon.JsonlEventHandler(tmp / "events.jsonl"))
