@@ -68,6 +68,11 @@ impl PyDistribution {
         }
     }
 
+    /// The core's distribution, shared (the TensorBoard writer's histograms).
+    pub fn core(&self) -> &Arc<Distribution> {
+        &self.inner
+    }
+
     /// Side 0 (positive) or 1 (negative) as a tuple of `(index, count)`.
     fn side<'py>(&self, py: Python<'py>, side: usize) -> PyResult<Bound<'py, PyTuple>> {
         if let Some(tuple) = self.tuples[side].get() {

@@ -13,7 +13,7 @@
 mod proto;
 mod record;
 
-pub use proto::{FILE_VERSION, SummaryEvent, histogram_buckets};
+pub use proto::{FILE_VERSION, SummaryEvent, histogram_buckets, histogram_range};
 pub use record::{append_record, crc32c, masked_crc32c};
 
 use crate::worker::{Flow, Pushed, Sink, Worker};
@@ -45,6 +45,19 @@ pub enum Written {
     Full,
 }
 
+/// Why `EventFileWriter::create` failed, and on which path.
+#[derive(Debug)]
+pub struct CreateError {
+    pub error: io::Error,
+    pub path: PathBuf,
+}
+
+impl std::fmt::Display for CreateError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}: {}", self.path.display(), self.error)
+    }
+}
+
 pub struct EventFileWriter {
     /// Not dropped in a forked child: the parent's thread, which the child
     /// does not have, may have held the channel's locks at the fork.
@@ -57,10 +70,11 @@ impl EventFileWriter {
     /// Creates `logdir` (and its parents) if needed, and in it the file
     /// `events.out.tfevents.<secs>.<host>.<pid>.<n><filename_suffix>`
     /// holding its `file_version` event; then starts the worker thread.
-    /// An error names the path that could not be made or written.
-    pub fn create(logdir: &Path, filename_suffix: &str) -> io::Result<Self> {
-        let named = |error: io::Error, path: &Path| {
-            io::Error::new(error.kind(), format!("{}: {error}", path.display()))
+    /// An error comes with the path that could not be made or written.
+    pub fn create(logdir: &Path, filename_suffix: &str) -> Result<Self, CreateError> {
+        let named = |error: io::Error, path: &Path| CreateError {
+            error,
+            path: path.to_path_buf(),
         };
         std::fs::create_dir_all(logdir).map_err(|e| named(e, logdir))?;
         let now = SystemTime::now()
@@ -93,7 +107,8 @@ impl EventFileWriter {
             record: Vec::new(),
             scratch: proto::Scratch::default(),
         };
-        let worker = Worker::spawn(CAPACITY, sink, "torchmon-tensorboard")?;
+        let worker =
+            Worker::spawn(CAPACITY, sink, "torchmon-tensorboard").map_err(|e| named(e, &path))?;
         Ok(EventFileWriter {
             worker: ManuallyDrop::new(worker),
             path,

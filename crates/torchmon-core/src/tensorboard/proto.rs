@@ -126,10 +126,13 @@ pub struct Scratch {
 /// A window's histogram as TensorBoard's buckets: `bucket_limit[i]` is the
 /// right edge of bucket `i`, which holds the samples above
 /// `bucket_limit[i-1]` (above `min` for the first). The scale-6 buckets in
-/// ascending order: -inf (limit `-f64::MAX`), the negative ones (limit
-/// just below `-lower`: a bucket holds the magnitudes above `lower`), zero (limit 0), the positive ones (limit `upper`), +inf
-/// (limit +inf); a gap between two buckets gets an empty bucket, so that no
-/// bucket seems wider than it is. NaN samples count in `num` only.
+/// ascending order: the negative ones (limit just below `-lower`: a bucket
+/// holds the magnitudes above `lower`), zero (limit 0), the positive ones
+/// (limit `upper`); a gap between two buckets gets an empty bucket, so that
+/// no bucket seems wider than it is. NaN and infinite samples count in
+/// `num` only: TensorBoard's dashboards interpolate between the limits,
+/// `min` and `max`, which an infinity would turn into NaN (TensorFlow's own
+/// histograms refuse non-finite values).
 pub fn histogram_buckets(d: &Distribution) -> (Vec<f64>, Vec<f64>) {
     let b = &d.buckets;
     let mut limits = Vec::new();
@@ -144,9 +147,6 @@ pub fn histogram_buckets(d: &Distribution) -> (Vec<f64>, Vec<f64>) {
         limits.push(right);
         counts.push(count as f64);
     };
-    if b.negative_inf_count > 0 {
-        push(None, -f64::MAX, b.negative_inf_count);
-    }
     for &(index, count) in b.negative.iter().rev() {
         let index = i64::from(index);
         // Magnitudes in (lower, upper] are the samples in
@@ -165,19 +165,41 @@ pub fn histogram_buckets(d: &Distribution) -> (Vec<f64>, Vec<f64>) {
         let index = i64::from(index);
         push(Some(bucket_upper(index - 1)), bucket_upper(index), count);
     }
-    if b.positive_inf_count > 0 {
-        push(None, f64::INFINITY, b.positive_inf_count);
-    }
     (limits, counts)
 }
 
-/// The sum of the squares, estimated from each bucket's representative (a
-/// window keeps no sum of squares); infinite when a sample is.
+/// `min` and `max` of the finite samples: the window's own when finite,
+/// else the outer edge of the outermost finite bucket (0 when there is
+/// none), so that the dashboards' interpolation stays finite.
+pub fn histogram_range(d: &Distribution) -> (f64, f64) {
+    let b = &d.buckets;
+    let lowest = if let Some(&(index, _)) = b.negative.last() {
+        -bucket_upper(i64::from(index))
+    } else if b.zero_count > 0 {
+        0.0
+    } else if let Some(&(index, _)) = b.positive.first() {
+        bucket_upper(i64::from(index) - 1)
+    } else {
+        0.0
+    };
+    let highest = if let Some(&(index, _)) = b.positive.last() {
+        bucket_upper(i64::from(index))
+    } else if b.zero_count > 0 {
+        0.0
+    } else if let Some(&(index, _)) = b.negative.first() {
+        -bucket_upper(i64::from(index) - 1)
+    } else {
+        0.0
+    };
+    let min = if d.min.is_finite() { d.min } else { lowest };
+    let max = if d.max.is_finite() { d.max } else { highest };
+    (min, max)
+}
+
+/// The sum of the squares of the finite samples, estimated from each
+/// bucket's representative (a window keeps no sum of squares).
 fn sum_squares(d: &Distribution) -> f64 {
     let b = &d.buckets;
-    if b.positive_inf_count > 0 || b.negative_inf_count > 0 {
-        return f64::INFINITY;
-    }
     b.positive
         .iter()
         .chain(&b.negative)
@@ -188,13 +210,29 @@ fn sum_squares(d: &Distribution) -> f64 {
         .sum()
 }
 
+/// The window's sum, or, when an infinity or a NaN made it non-finite, the
+/// finite samples' sum estimated from the buckets' representatives.
+fn finite_sum(d: &Distribution) -> f64 {
+    if d.sum.is_finite() {
+        return d.sum;
+    }
+    let b = &d.buckets;
+    let side = |side: &[(i32, u64)]| -> f64 {
+        side.iter()
+            .map(|&(index, count)| representative(index) * count as f64)
+            .sum()
+    };
+    side(&b.positive) - side(&b.negative)
+}
+
 fn encode_histogram(d: &Distribution, out: &mut Vec<u8>) {
     let (limits, counts) = histogram_buckets(d);
+    let (min, max) = histogram_range(d);
     let mut h = Encoder(out);
-    h.double(histogram_proto::MIN, d.min);
-    h.double(histogram_proto::MAX, d.max);
+    h.double(histogram_proto::MIN, min);
+    h.double(histogram_proto::MAX, max);
     h.double(histogram_proto::NUM, d.count as f64);
-    h.double(histogram_proto::SUM, d.sum);
+    h.double(histogram_proto::SUM, finite_sum(d));
     h.double(histogram_proto::SUM_SQUARES, sum_squares(d));
     h.packed_doubles(histogram_proto::BUCKET_LIMIT, &limits);
     h.packed_doubles(histogram_proto::BUCKET, &counts);
@@ -404,20 +442,29 @@ mod tests {
         assert!(limits.windows(2).all(|w| w[0] < w[1]), "{limits:?}");
         // Every non-NaN sample is in the bucket whose limit is the first at
         // or above it.
-        for &s in samples.iter().filter(|s| !s.is_nan()) {
+        for &s in samples.iter().filter(|s| s.is_finite()) {
             let at = limits.iter().position(|&l| s <= l).unwrap();
             assert!(counts[at] > 0.0, "{s} falls in an empty bucket");
-            if at > 0 && s.is_finite() {
+            if at > 0 {
                 assert!(s > limits[at - 1]);
             }
         }
-        assert_eq!(counts.iter().sum::<f64>(), 9.0);
+        assert_eq!(counts.iter().sum::<f64>(), 7.0);
         // -3.0 twice: one bucket, counted twice, whose right edge is just
         // below the lower bound of its magnitude's bucket.
         let at = limits.iter().position(|&l| -3.0 <= l).unwrap();
         assert_eq!(counts[at], 2.0);
         let index = i64::from(bucket_index(3.0f64.to_bits()));
         assert_eq!(limits[at], -bucket_upper(index - 1).next_up());
+        // min and max of the finite samples, from the outermost buckets:
+        // -3.0's bucket's lower edge and 100.0's bucket's upper one.
+        let (min, max) = histogram_range(&d);
+        assert!(min <= -3.0 && min > -3.1, "{min}");
+        assert!((100.0..102.0).contains(&max), "{max}");
+        assert!(min <= limits[0] && max >= *limits.last().unwrap());
+        let finite = distribution_of(&[f64::NAN, 2.0, 5.0]);
+        assert_eq!(histogram_range(&finite), (2.0, 5.0));
+        assert!((6.9..7.1).contains(&finite_sum(&finite)));
     }
 
     #[test]
