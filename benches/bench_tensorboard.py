@@ -98,8 +98,8 @@ def sinks(tmp: Path) -> dict[str, Callable[[], Any]]:
     try:
         import tensorboardX
 
-        made["TensorboardEventHandler(tensorboardX.SummaryWriter)"] = (
-            lambda: TensorboardEventHandler(tensorboardX.SummaryWriter(str(tmp / "tbx")))
+        made["TensorboardEventHandler(tensorboardX.SummaryWriter)"] = lambda: (
+            TensorboardEventHandler(tensorboardX.SummaryWriter(str(tmp / "tbx")))
         )
     except ImportError:
         pass
