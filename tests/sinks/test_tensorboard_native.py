@@ -384,3 +384,36 @@ def test_a_full_disk_reports_one_line_and_tears_nothing(tmp_path: Path) -> None:
     assert 2 <= len(records) < 301
     got = scalars(accumulator(tmp_path / "tb"))
     assert [v for _, v in got["disk.max"]] == [f32(i * 1.5) for i in range(len(records) - 1)]
+
+
+def test_the_tensorboard_server_lists_the_scalars_and_histograms(tmp_path: Path) -> None:
+    """A real ``tensorboard`` process (default loader settings) serves a
+    native run: every window a point of each scalar tag, every distribution
+    window a histogram of the window's count."""
+    from tensorboard_server import Server, tensorboard_command
+
+    record_run(tmp_path / "logs" / "native", tmp_path / "run.jsonl")
+    points, histograms = expected_from_jsonl(tmp_path / "run.jsonl")
+    srv = Server([*tensorboard_command(), "--logdir", str(tmp_path / "logs")], tmp_path / "tb.log")
+    try:
+        got = srv.wait_for({"native"}, {tag: len(p) for tag, p in points.items()})["native"]
+        assert sorted(got) == sorted(points)
+        for tag, expected in points.items():
+            # JSON has no NaN or infinity: the server writes "NaN", "Infinity".
+            served = [(step, float(value)) for _, step, value in got[tag]]
+            assert len(served) == len(expected), tag
+            for (step, value), (want_step, want) in zip(served, expected):
+                assert step == want_step and same(value, want), (tag, step, value, want)
+        tags = srv.get("data/plugin/histograms/tags").get("native", {})
+        assert sorted(tags) == sorted(histograms)
+        for tag, expected in histograms.items():
+            served_h = srv.get("data/plugin/histograms/histograms", run="native", tag=tag)
+            # [wall_time, step, [[left, right, count], ...]] per window
+            assert [step for _, step, _ in served_h] == [s for s, _ in expected]
+            for (_, _, buckets), (_, d) in zip(served_h, expected):
+                infinite = d.positive_inf_count + d.negative_inf_count
+                assert sum(c for _, _, c in buckets) == pytest.approx(
+                    d.count - d.nan_count - infinite
+                )
+    finally:
+        srv.stop()
