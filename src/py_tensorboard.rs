@@ -53,6 +53,13 @@ impl _TensorboardWriter {
         self.inner.path().to_path_buf()
     }
 
+    /// `(scalars, non_finite)`: the scalars handed to `write` in this
+    /// process, and the NaN or infinite ones among them.
+    #[getter]
+    fn counts(&self) -> (u64, u64) {
+        self.inner.counts()
+    }
+
     #[getter]
     fn closed(&self) -> bool {
         self.inner.is_closed()

@@ -51,6 +51,12 @@ class _Progress:
         self._last = 0.0
         self._shown = 0
 
+    @property
+    def active(self) -> bool:
+        """Whether it draws (its stream is a terminal): a caller may skip
+        making the text otherwise."""
+        return self._enabled
+
     def update(self, done: int, text: str) -> None:
         if not self._enabled:
             return

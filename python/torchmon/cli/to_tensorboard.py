@@ -6,7 +6,6 @@ no tensorboardX needed (docs/cli.md)."""
 from __future__ import annotations
 
 import argparse
-import math
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -60,23 +59,6 @@ def _undo(logdir: Path, made: Path | None, before: set[Path]) -> None:
                 break
 
 
-def _count_scalars(event: Any, step_field: str | None) -> tuple[int, int]:
-    """(scalars, NaN or infinite ones among them) that the handler writes
-    for ``event`` (other_events=True): every number of its data, but a
-    usable step field's."""
-    scalars = non_finite = 0
-    data = event.data
-    for key, value in data.items():
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            continue
-        if key == step_field and event.name != STAT_EVENT:
-            continue  # the handler takes it out of the data (its step, if an int)
-        scalars += 1
-        if isinstance(value, float) and not math.isfinite(value):
-            non_finite += 1
-    return scalars, non_finite
-
-
 def run(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     # With the stored distributions: each becomes a histogram, as live.
     log = _Log(args.file, "raise", distributions=True)
@@ -84,37 +66,45 @@ def run(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     before = set(_event_files(logdir))
     progress = _Progress(log.size, err)
     from_stats = 0  # the handler writes every number of a Stat event
-    scalars = non_finite = 0
     with_step_field = 0
+    counts = (0, 0)
     try:
         try:
             handler = _tensorboard_handler(logdir, step_field=args.step_field, layout=args.layout)
         except OSError as exc:
             raise _CliError(f"{logdir}: cannot write: {exc.strerror or exc}") from None
+        native = handler._native
+        assert native is not None
         try:
             for event, distribution in log:
                 if distribution is not None:
                     event = _event_with_distribution(
                         event.name, event.timestamp, event.data, distribution
                     )
-                counted, bad = _count_scalars(event, args.step_field)
-                scalars += counted
-                non_finite += bad
-                if event.name == STAT_EVENT:
-                    from_stats += counted
-                elif args.step_field is not None and args.step_field in event.data:
-                    with_step_field += 1
-                handler(event)
-                progress.update(log.bytes_read, f"{log.records:,} events  {scalars:,} scalars")
+                name = event.name
+                if name == STAT_EVENT:
+                    # The handler's own path (what handler(event) runs), with
+                    # the number of scalars it wrote.
+                    from_stats += handler._write_stat_natively(native, event)
+                else:
+                    if args.step_field is not None and args.step_field in event.data:
+                        with_step_field += 1
+                    handler(event)
+                if progress.active:
+                    progress.update(
+                        log.bytes_read, f"{log.records:,} events  {native.counts[0]:,} scalars"
+                    )
         finally:
             progress.clear()
             # Writes what is queued; a write that failed said so on stderr.
             handler.close()
+            counts = native.counts
     except (_CliError, KeyboardInterrupt):
         # Interrupted too: a partial conversion left behind would make the
         # next run refuse LOGDIR ("already holds ... event file(s)").
         _undo(logdir, made, before)
         raise
+    scalars, non_finite = counts
     print(
         _printable(
             f"wrote {scalars} scalars to {args.logdir} "

@@ -282,18 +282,21 @@ class TensorboardEventHandler(ClosesOnExit):
         elif self._other_events:
             self._write_other_event(name, event)
 
-    def _write_stat_natively(self, native: _TensorboardWriter, event: Event) -> None:
-        """One Event per step (one per window, unless a tag's window count
-        drifted from its Stat's other tags'), queued under the lock so that
-        each tag's steps reach the file in order."""
+    def _write_stat_natively(self, native: _TensorboardWriter, event: Event) -> int:
+        """One Event per step: per window, unless a tag's window count
+        drifted from its Stat's other tags'. Queued under the lock, so that
+        each tag's steps reach the file in order. Returns the number of
+        scalars (``torchmon to-tensorboard`` counts them)."""
         walltime = event.timestamp.timestamp()
         grouped = self._grouped
         tags: list[str] = []
         values: list[float] = []
         for key, value in event.data.items():
-            if isinstance(value, (int, float)) and not isinstance(value, bool):
+            kind = value.__class__
+            # The exact types first: a Stat's values are floats and ints.
+            if kind is float or kind is int or _is_number(value):
                 tags.append(_grouped_tag(key) if grouped else key)
-                values.append(value)
+                values.append(value)  # type: ignore[arg-type]  # a number: checked above
         histogram: tuple[str, Distribution] | None = None
         if self._histograms:
             distribution = getattr(event, "distribution", None)
@@ -302,27 +305,29 @@ class TensorboardEventHandler(ClosesOnExit):
         step = self._step
         if step is None:
             native.write(walltime, 0, tags, values, histogram)
-            return
+            return len(tags)
         if callable(step):
             global_step = _user_step(step)
             with self._lock:
                 native.write(walltime, global_step, tags, values, histogram)
-            return
+            return len(tags)
         windows = self._windows
+        get = windows.get
         with self._lock:
-            steps = []
-            for tag in tags:
-                window = windows.get(tag, 0) + 1
-                windows[tag] = window
-                steps.append(window)
-            histogram_step = None
+            steps = [get(tag, 0) + 1 for tag in tags]
             if histogram is not None:
-                histogram_step = windows.get(histogram[0], 0) + 1
-                windows[histogram[0]] = histogram_step
-            first = steps[0] if steps else histogram_step
-            if all(s == first for s in steps) and histogram_step in (None, first):
-                native.write(walltime, first or 0, tags, values, histogram)
-                return
+                steps.append(get(histogram[0], 0) + 1)
+            windows.update(zip(tags, steps))
+            if histogram is not None:
+                windows[histogram[0]] = steps[-1]
+            if not steps:
+                return 0
+            first = steps[0]
+            if steps.count(first) == len(steps):
+                native.write(walltime, first, tags, values, histogram)
+                return len(tags)
+            # The tags' window counts differ (a Stat re-created with other
+            # aggregations): one Event per step.
             by_step: dict[int, tuple[list[str], list[float]]] = {}
             for tag, value, window in zip(tags, values, steps):
                 group = by_step.setdefault(window, ([], []))
@@ -330,8 +335,9 @@ class TensorboardEventHandler(ClosesOnExit):
                 group[1].append(value)
             for window, (group_tags, group_values) in by_step.items():
                 native.write(walltime, window, group_tags, group_values)
-            if histogram is not None and histogram_step is not None:
-                native.write(walltime, histogram_step, [], [], histogram)
+            if histogram is not None:
+                native.write(walltime, steps[-1], [], [], histogram)
+        return len(tags)
 
     def _write_stat_event(self, event: Event) -> None:
         walltime = event.timestamp.timestamp()

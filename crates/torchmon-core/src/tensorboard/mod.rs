@@ -59,6 +59,10 @@ impl std::fmt::Display for CreateError {
 }
 
 pub struct EventFileWriter {
+    /// Scalars accepted so far, and the NaN or infinite ones among them
+    /// (`torchmon to-tensorboard` reports both).
+    scalars: AtomicU64,
+    non_finite: AtomicU64,
     /// Not dropped in a forked child: the parent's thread, which the child
     /// does not have, may have held the channel's locks at the fork.
     worker: ManuallyDrop<Worker<SummaryEvent>>,
@@ -110,6 +114,8 @@ impl EventFileWriter {
         let worker =
             Worker::spawn(CAPACITY, sink, "torchmon-tensorboard").map_err(|e| named(e, &path))?;
         Ok(EventFileWriter {
+            scalars: AtomicU64::new(0),
+            non_finite: AtomicU64::new(0),
             worker: ManuallyDrop::new(worker),
             path,
             pid,
@@ -129,6 +135,12 @@ impl EventFileWriter {
     pub fn try_write(&self, event: SummaryEvent) -> Result<Written, SummaryEvent> {
         if !self.in_owner() {
             return Ok(Written::OtherProcess);
+        }
+        let bad = event.scalars.iter().filter(|(_, v)| !v.is_finite()).count();
+        self.scalars
+            .fetch_add(event.scalars.len() as u64, Ordering::Relaxed);
+        if bad > 0 {
+            self.non_finite.fetch_add(bad as u64, Ordering::Relaxed);
         }
         match self.worker.try_push(event) {
             Pushed::Queued => Ok(Written::Queued),
@@ -170,6 +182,15 @@ impl EventFileWriter {
         }
         self.worker.begin_close();
         self.worker.finish_close(patience)
+    }
+
+    /// (scalars, NaN or infinite ones among them) handed to `try_write`
+    /// in this process, queued or not.
+    pub fn counts(&self) -> (u64, u64) {
+        (
+            self.scalars.load(Ordering::Relaxed),
+            self.non_finite.load(Ordering::Relaxed),
+        )
     }
 
     pub fn is_closed(&self) -> bool {
@@ -325,6 +346,7 @@ mod tests {
             assert_eq!(writer.try_write(event).unwrap(), Written::Queued);
         }
         assert!(writer.flush(Instant::now() + Duration::from_secs(10)));
+        assert_eq!(writer.counts(), (100, 0));
         let records = read_records(&std::fs::read(writer.path()).unwrap());
         assert_eq!(records.len(), 101);
         assert!(
