@@ -116,6 +116,7 @@ class TensorboardEventHandler(ClosesOnExit):
         "_other_events",
         "_step",
         "_step_field",
+        "_summary",
         "_windows",
         "_writer",
     )
@@ -147,6 +148,7 @@ class TensorboardEventHandler(ClosesOnExit):
         self._writer: _ScalarWriter | None = writer
         self._native: _TensorboardWriter | None = None
         self._histograms = False
+        self._summary = _summary_class(writer)
         self._configure(step, layout, other_events, step_field)
 
     @classmethod
@@ -220,6 +222,7 @@ class TensorboardEventHandler(ClosesOnExit):
         _native_writers.add(native)
         self = cls.__new__(cls)
         self._writer = None
+        self._summary = None
         self._native = native
         self._histograms = histograms
         self._configure(step, layout, other_events, step_field)
@@ -339,7 +342,45 @@ class TensorboardEventHandler(ClosesOnExit):
                 native.write(walltime, steps[-1], [], [], histogram)
         return len(tags)
 
+    def _write_stat_summary(self, summary_class: Any, event: Event) -> None:
+        """What ``add_scalar`` per item writes, as one ``Summary`` per step
+        (per window) handed to the writer's file writer: the same tags,
+        values (float32 ``simple_value``), steps and wall time in the file,
+        at a fraction of the cost (docs/performance.md, "TensorBoard")."""
+        walltime = event.timestamp.timestamp()
+        grouped = self._grouped
+        items = [
+            (_grouped_tag(key) if grouped else key, float(value))
+            for key, value in event.data.items()
+        ]
+        value_class = summary_class.Value
+        writer: Any = self._writer
+        step = self._step
+        if step is None:
+            summary = summary_class(value=[value_class(tag=t, simple_value=v) for t, v in items])
+            writer._get_file_writer().add_summary(summary, None, walltime)
+            return
+        if callable(step):
+            global_step = _user_step(step)
+            summary = summary_class(value=[value_class(tag=t, simple_value=v) for t, v in items])
+            with self._lock:
+                writer._get_file_writer().add_summary(summary, global_step, walltime)
+            return
+        windows = self._windows
+        with self._lock:
+            by_step: dict[int, list[Any]] = {}
+            for tag, value in items:
+                window = windows.get(tag, 0) + 1
+                windows[tag] = window
+                by_step.setdefault(window, []).append(value_class(tag=tag, simple_value=value))
+            file_writer = writer._get_file_writer()
+            for window, values in by_step.items():
+                file_writer.add_summary(summary_class(value=values), window, walltime)
+
     def _write_stat_event(self, event: Event) -> None:
+        if self._summary is not None:
+            self._write_stat_summary(self._summary, event)
+            return
         walltime = event.timestamp.timestamp()
         data = event.data
         grouped = self._grouped
@@ -444,6 +485,37 @@ def _flush_native_at_exit() -> None:
     process writes its queue out, each waited for up to 10 s."""
     for native in list(_native_writers):
         native.flush(_EXIT_FLUSH_TIMEOUT)
+
+
+def _summary_class(writer: object) -> Any:
+    """The ``Summary`` protobuf class of ``writer``'s library when the
+    handler may hand it one summary per window instead of calling
+    ``add_scalar`` per item: a tensorboardX or torch ``SummaryWriter`` whose
+    ``add_scalar`` is the library's own (a subclass that overrides it gets
+    its calls) and, for tensorboardX, with Comet logging off (its
+    ``add_scalar`` also logs each scalar to Comet). ``None`` otherwise."""
+    import importlib  # only here: `import torchmon` stays fast (docs/performance.md)
+
+    library = type(writer).__module__.split(".")[0]
+    if library == "tensorboardX":
+        writer_module, proto = "tensorboardX", "tensorboardX.proto.summary_pb2"
+        comet = getattr(writer, "_comet_config", None)
+        if not isinstance(comet, dict) or comet.get("disabled") is not True:
+            return None
+    elif type(writer).__module__.startswith("torch.utils.tensorboard"):
+        writer_module, proto = "torch.utils.tensorboard", "tensorboard.compat.proto.summary_pb2"
+    else:
+        return None
+    try:
+        own = importlib.import_module(writer_module).SummaryWriter
+        summary_pb2: Any = importlib.import_module(proto)
+    except (ImportError, AttributeError):
+        return None
+    if not isinstance(writer, own) or type(writer).add_scalar is not own.add_scalar:
+        return None
+    if not callable(getattr(writer, "_get_file_writer", None)):
+        return None
+    return summary_pb2.Summary
 
 
 def _takes_global_step(add_scalar: Callable[..., Any]) -> bool:
