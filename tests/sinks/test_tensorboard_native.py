@@ -257,13 +257,19 @@ def run_child(tmp_path: Path, name: str, mode: str) -> subprocess.Popen[str]:
 
 
 def assert_prefix_of_jsonl(acc: Any, jsonl: Path, at_least: int) -> None:
-    lines = [d for d, _ in jsonl_windows(jsonl)]
+    """The child's windows, in order from its first, each whole: window i
+    (from 1) holds the samples i and i/3. The JSON lines of the same run
+    hold the same windows (the child's JSON-lines handler runs after the
+    TensorBoard one, so a kill may leave either one window ahead)."""
     got = scalars(acc)
     (tag,) = {t for t in got if t.endswith(".mean")}
     values = [v for _, v in got[tag]]
     assert len(values) >= at_least
-    assert values == [f32(d[tag]) for d in lines[: len(values)]]
+    assert values == [f32((i + i / 3) / 2) for i in range(1, len(values) + 1)]
     assert [s for s, _ in got[tag]] == list(range(1, len(values) + 1))
+    lines = [d[tag] for d, _ in jsonl_windows(jsonl)]
+    common = min(len(lines), len(values))
+    assert [f32(v) for v in lines[:common]] == values[:common]
 
 
 def test_a_process_ended_normally_writes_its_queue_at_exit(tmp_path: Path) -> None:
@@ -362,6 +368,7 @@ s = Stat("disk", [Aggregation.MEAN, Aggregation.MAX, Aggregation.P50], timedelta
 for i in range(300):
     s.add(float(i)); s.add(i * 1.5)
     s._flush_window()
+    handler.flush()  # one window a write: the file fills up window by window
 torchmon.flush()
 print(len([e for e in seen if e.name == torchmon.STAT_EVENT]))
 """
@@ -382,8 +389,13 @@ def test_a_full_disk_reports_one_line_and_tears_nothing(tmp_path: Path) -> None:
     assert str(path) in lines[0] and "TensorboardEventHandler" in lines[0]
     records = read_records(path.read_bytes())  # whole records only
     assert 2 <= len(records) < 301
+    # The windows written are whole windows, in order: a write that failed
+    # dropped its batch of windows (a later, smaller one may succeed).
     got = scalars(accumulator(tmp_path / "tb"))
-    assert [v for _, v in got["disk.max"]] == [f32(i * 1.5) for i in range(len(records) - 1)]
+    written = [v for _, v in got["disk.max"]]
+    assert len(written) == len(records) - 1
+    expected = iter(f32(i * 1.5) for i in range(300))
+    assert all(any(v == e for e in expected) for v in written), written
 
 
 def test_the_tensorboard_server_lists_the_scalars_and_histograms(tmp_path: Path) -> None:

@@ -209,7 +209,8 @@ impl Drop for EventFileWriter {
     }
 }
 
-/// The worker's side: encodes each event and appends it as one record.
+/// The worker's side: encodes each event as one record, and appends a
+/// batch of them with one write.
 struct FileSink {
     file: File,
     /// The file's length after the last whole record: a failed write is
@@ -219,25 +220,37 @@ struct FileSink {
     /// The last write failed (reported once until one succeeds again).
     failing: bool,
     data: Vec<u8>,
+    /// The records of the batch, not written yet.
     record: Vec<u8>,
     scratch: proto::Scratch,
 }
 
+/// Past this many encoded bytes a batch is written before the next window
+/// is encoded: the buffer stays small when windows arrive faster than the
+/// disk takes them.
+const BATCH_BYTES: usize = 1 << 20;
+
 impl FileSink {
-    fn append(&mut self, event: &SummaryEvent) {
+    /// Encodes `event` as one record at the end of `self.record`.
+    fn encode(&mut self, event: &SummaryEvent) {
         self.data.clear();
-        self.record.clear();
         event.encode(&mut self.data, &mut self.scratch);
         record::append_record(&mut self.record, &self.data);
+    }
+
+    /// Appends the records encoded so far with one write: all of them, or
+    /// (on an error) none, the part already written cut off again so that a
+    /// reader never meets a torn record before later ones.
+    fn write_out(&mut self) {
+        if self.record.is_empty() {
+            return;
+        }
         match self.file.write_all(&self.record) {
             Ok(()) => {
                 self.length += self.record.len() as u64;
                 self.failing = false;
             }
             Err(error) => {
-                // A record is whole or absent: what part of it reached the
-                // file is cut off again, so that a reader never meets a torn
-                // record before later ones.
                 let _ = self.file.set_len(self.length);
                 if !self.failing {
                     self.failing = true;
@@ -249,23 +262,36 @@ impl FileSink {
                 }
             }
         }
+        self.record.clear();
     }
 }
 
 impl Sink<SummaryEvent> for FileSink {
     fn handle(&mut self, items: &mut dyn Iterator<Item = SummaryEvent>) -> Flow {
-        // Each record is written before the next item is asked for: a flush
-        // marker met by the iterator means every earlier record is in the
-        // file.
+        // The windows that piled up go out in one write. A flush marker ends
+        // the batch and is answered after this returns (worker.rs, `Batch`),
+        // so everything before it is in the file by then.
         for event in items {
-            self.append(&event);
+            self.encode(&event);
+            if self.record.len() >= BATCH_BYTES {
+                self.write_out();
+            }
         }
+        self.write_out();
         Flow::Continue
     }
 }
 
 /// The host name, as TensorBoard's writers put it in the file name;
 /// `localhost` when it cannot be read.
+#[cfg(not(unix))]
+fn hostname() -> String {
+    std::env::var("COMPUTERNAME").unwrap_or_else(|_| "localhost".to_owned())
+}
+
+/// The host name, as TensorBoard's writers put it in the file name;
+/// `localhost` when it cannot be read.
+#[cfg(unix)]
 fn hostname() -> String {
     let mut buffer = [0u8; 256];
     // SAFETY: `buffer` is valid for writes of `buffer.len()` bytes, the
