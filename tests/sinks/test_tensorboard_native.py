@@ -429,3 +429,36 @@ def test_the_tensorboard_server_lists_the_scalars_and_histograms(tmp_path: Path)
                 )
     finally:
         srv.stop()
+
+
+BURST = """
+import sys
+from datetime import timedelta
+import torchmon
+from torchmon import Aggregation, Stat, TensorboardEventHandler
+torchmon.register_event_handler(TensorboardEventHandler.logdir(sys.argv[1]))
+s = Stat("burst", [Aggregation.COUNT, Aggregation.P50], timedelta(hours=1))
+# Windows of ~600 buckets each: their histograms keep the writer thread busy
+# well past the end of this script.
+samples = [10.0 ** (k / 2) for k in range(-300, 300)]
+for i in range(int(sys.argv[2])):
+    s.add_many(samples)
+    s._flush_window()
+"""
+
+
+def test_the_exit_writes_what_is_still_queued(tmp_path: Path) -> None:
+    """The windows still queued when the script ends reach the file: the
+    exit step (_lifecycle.py) waits for the writer thread, whose work on
+    these windows outlasts the interpreter's own shutdown."""
+    windows = 1500
+    proc = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(BURST), str(tmp_path / "tb"), str(windows)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr
+    acc = accumulator(tmp_path / "tb")
+    assert [e.value for e in acc.Scalars("burst.count")] == [600.0] * windows
+    assert len(acc.Histograms("burst.histogram")) == windows
