@@ -462,3 +462,39 @@ def test_the_exit_writes_what_is_still_queued(tmp_path: Path) -> None:
     acc = accumulator(tmp_path / "tb")
     assert [e.value for e in acc.Scalars("burst.count")] == [600.0] * windows
     assert len(acc.Histograms("burst.histogram")) == windows
+
+
+SIGTERMED = """
+import sys, time
+from datetime import timedelta
+import torchmon
+from torchmon import Aggregation, Stat, TensorboardEventHandler
+torchmon.register_event_handler(TensorboardEventHandler.logdir(sys.argv[1]))
+torchmon.flush_on_signals()
+s = Stat("open", [Aggregation.SUM, Aggregation.P50], timedelta(hours=1))
+for v in (1.0, 2.0, 4.0):
+    s.add(v)
+print("ready", flush=True)
+time.sleep(60)
+"""
+
+
+def test_a_sigterm_with_flush_on_signals_writes_the_open_window(tmp_path: Path) -> None:
+    child = subprocess.Popen(
+        [sys.executable, "-c", textwrap.dedent(SIGTERMED), str(tmp_path / "tb")],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert child.stdout is not None
+        assert child.stdout.readline() == "ready\n"
+        child.send_signal(signal.SIGTERM)
+        child.communicate(timeout=30)
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.communicate(timeout=30)
+    assert child.returncode == -signal.SIGTERM
+    acc = accumulator(tmp_path / "tb")
+    assert [e.value for e in acc.Scalars("open.sum")] == [7.0]
+    assert acc.Histograms("open.histogram")[0].histogram_value.num == 3
