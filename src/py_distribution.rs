@@ -51,6 +51,12 @@ pub struct PyDistribution {
 }
 
 impl PyDistribution {
+    /// The core's distribution, shared (the TensorBoard writer's histograms
+    /// keep it until they are encoded, on the writer's thread).
+    pub fn shared(&self) -> &Arc<Distribution> {
+        &self.inner
+    }
+
     pub fn from_core(inner: Arc<Distribution>) -> Self {
         let buckets = &inner.buckets;
         PyDistribution {
@@ -66,11 +72,6 @@ impl PyDistribution {
             negative_inf_count: buckets.negative_inf_count,
             inner,
         }
-    }
-
-    /// The core's distribution, shared (the TensorBoard writer's histograms).
-    pub fn core(&self) -> &Arc<Distribution> {
-        &self.inner
     }
 
     /// Side 0 (positive) or 1 (negative) as a tuple of `(index, count)`.
