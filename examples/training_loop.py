@@ -4,8 +4,8 @@ Run:  python examples/training_loop.py [--logdir DIR] [--epochs N] [--steps N]
 
 Each step records its batch loss with ``Stat.add``, the batch's per-sample
 losses with ``Stat.add_many`` and its duration; every closed window goes to
-``DIR/events.jsonl`` (``JsonlEventHandler``) and, when tensorboardX is
-installed, to TensorBoard event files in ``DIR``. One ``train.epoch_end``
+``DIR/events.jsonl`` (``JsonlEventHandler``) and to a TensorBoard event file
+in ``DIR`` (``TensorboardEventHandler.logdir``, torchmon's own writer). One ``train.epoch_end``
 event per epoch carries the epoch's numbers. DIR defaults to a new temporary
 directory; it must be new or empty. Takes about a second with the defaults.
 """
@@ -92,18 +92,12 @@ def main() -> None:
 
     jsonl = torchmon.JsonlEventHandler(jsonl_path)
     handles = [torchmon.register_event_handler(jsonl)]
-    writer = None
-    try:
-        from tensorboardX import SummaryWriter
-    except ImportError:
-        print("tensorboardX is not installed: writing JSON lines only")
-    else:
-        writer = SummaryWriter(logdir=str(logdir))
-        # Stat windows as scalars; epoch events as train.epoch_end/<field> at step <epoch>.
-        tensorboard = torchmon.TensorboardEventHandler(
-            writer, other_events=True, step_field="epoch"
-        )
-        handles.append(torchmon.register_event_handler(tensorboard))
+    # torchmon's own TensorBoard writer (no tensorboardX needed): Stat windows
+    # as scalars, epoch events as train.epoch_end/<field> at step <epoch>.
+    tensorboard = torchmon.TensorboardEventHandler.logdir(
+        logdir, other_events=True, step_field="epoch"
+    )
+    handles.append(torchmon.register_event_handler(tensorboard))
     try:
         train(args.epochs, args.steps, timedelta(milliseconds=args.window_ms))
     finally:
@@ -111,8 +105,7 @@ def main() -> None:
         for handle in handles:
             torchmon.unregister_event_handler(handle)
         jsonl.close()
-        if writer is not None:
-            writer.close()
+        tensorboard.close()
 
     events = list(torchmon.read_jsonl(jsonl_path))
     windows = [e.data for e in events if e.name == torchmon.STAT_EVENT]
@@ -123,8 +116,7 @@ def main() -> None:
         if e.name == "train.epoch_end":
             d = e.data
             print(f"epoch {d['epoch']}: loss {d['loss']:.4f}, {d['seconds']:.2f} s")
-    if writer is not None:
-        print(f"Look at it:  {tensorboard_command(logdir)}")
+    print(f"Look at it:  {tensorboard_command(logdir)}")
 
 
 def tensorboard_command(logdir: str | Path) -> str:

@@ -21,6 +21,7 @@ mod py_registry;
 mod py_stat;
 mod py_stat_args;
 mod py_summary;
+mod py_tensorboard;
 mod py_torch_wait_counters;
 mod py_watchdog;
 mod py_window_event;
@@ -65,6 +66,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
         crate::py_stat::Stat,
         crate::py_prometheus::_PrometheusExposition,
         crate::py_summary::_Summary,
+        crate::py_tensorboard::_TensorboardWriter,
         crate::py_watchdog::PyWatchdog,
         crate::py_watchdog::PySection,
     );

@@ -51,6 +51,12 @@ pub struct PyDistribution {
 }
 
 impl PyDistribution {
+    /// The core's distribution, shared (the TensorBoard writer's histograms
+    /// keep it until they are encoded, on the writer's thread).
+    pub fn shared(&self) -> &Arc<Distribution> {
+        &self.inner
+    }
+
     pub fn from_core(inner: Arc<Distribution>) -> Self {
         let buckets = &inner.buckets;
         PyDistribution {

@@ -33,6 +33,7 @@ __all__ = [
     "_PrometheusExposition",
     "_Section",
     "_Summary",
+    "_TensorboardWriter",
     "_Watchdog",
     "_clock_ms",
     "_close_async_handlers_at_exit",
@@ -370,3 +371,25 @@ class _Section:
 
 def _set_stack_dumper(signal: int, fd: int) -> None: ...
 def _signal_is_taken(signal: int) -> bool: ...
+
+@final
+class _TensorboardWriter:
+    def __new__(
+        cls, logdir: str | os.PathLike[str], filename_suffix: str = ""
+    ) -> _TensorboardWriter: ...
+    @property
+    def path(self) -> os.PathLike[str]: ...
+    @property
+    def counts(self) -> tuple[int, int]: ...
+    @property
+    def closed(self) -> bool: ...
+    def write(
+        self,
+        wall_time: float,
+        step: int,
+        tags: Sequence[str],
+        values: Sequence[float],
+        histogram: tuple[str, Distribution] | None = None,
+    ) -> bool: ...
+    def flush(self, timeout: float | None = None) -> bool: ...
+    def close(self, timeout: float | None = None) -> bool: ...

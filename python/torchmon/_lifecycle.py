@@ -80,6 +80,11 @@ def _last_steps() -> None:
     #    second flush or drain finds nothing left otherwise).
     _core._flush_all_stats()
     _core._close_async_handlers_at_exit()
+    tensorboard = _imported("handlers.tensorboard")
+    if tensorboard is not None:
+        # 7b. The native TensorBoard writers write their queues out (their
+        #     threads would end with the process, the windows unwritten).
+        tensorboard._flush_native_at_exit()
     bridge = _imported("bridge")
     if bridge is not None:
         # 8. Forwarders leave torch.monitor's registry before torch destroys it.

@@ -381,3 +381,66 @@ def test_repr() -> None:
         repr(TensorboardEventHandler(Writer(), step=None, layout="grouped"))
         == "TensorboardEventHandler(W, step=None, layout='grouped')"
     )
+
+
+def _event_summaries(logdir: Path) -> list[int]:
+    """The number of values of each summary Event in a log directory's files."""
+    from tensorboard.backend.event_processing import event_file_loader
+
+    counts = []
+    for path in sorted(logdir.glob("*tfevents*")):
+        for event in event_file_loader.EventFileLoader(str(path)).Load():
+            if event.HasField("summary"):
+                counts.append(len(event.summary.value))
+    return counts
+
+
+def _windows_through(writer: Any, **options: Any) -> None:
+    with registered(TensorboardEventHandler(writer, **options)), ManualClock(0) as clock:
+        s = Stat("sw", [Aggregation.MEAN, Aggregation.MAX, Aggregation.COUNT], timedelta(seconds=1))
+        for values in ([1.0, 2.0], [float("nan")], [0.1, 1e40]):
+            for v in values:
+                s.add(v)
+            clock.advance(1000)
+        s._flush_window()
+        del s
+        gc.collect()
+
+
+@pytest.mark.parametrize("step", ["window", None, "callable"])
+@pytest.mark.parametrize("library", ["tensorboardX", "torch"])
+def test_a_summary_writer_gets_one_summary_per_window_with_the_same_points(
+    tmp_path: Path, library: str, step: Any
+) -> None:
+    """A library SummaryWriter gets each window as one Summary (its file
+    writer's add_summary) instead of one add_scalar call per item; what
+    TensorBoard reads back is what add_scalar per item writes, which a
+    subclass overriding add_scalar still gets."""
+    if library == "torch":
+        writer_class = pytest.importorskip("torch.utils.tensorboard").SummaryWriter
+    else:
+        writer_class = tensorboardX.SummaryWriter
+
+    class PerScalar(writer_class):  # type: ignore[misc, valid-type]
+        def add_scalar(self, *args: Any, **kwargs: Any) -> Any:
+            return super().add_scalar(*args, **kwargs)
+
+    options: dict[str, Any] = {"step": step}
+    if step == "callable":
+        options["step"] = lambda: 7
+    for name, cls in (("batched", writer_class), ("per-scalar", PerScalar)):
+        writer = cls(str(tmp_path / name))
+        _windows_through(writer, **options)
+        writer.flush()
+        writer.close()
+    batched, per_scalar = read_back(tmp_path / "batched"), read_back(tmp_path / "per-scalar")
+    assert sorted(batched) == ["sw.count", "sw.max", "sw.mean"]
+    for tag, points in per_scalar.items():
+        got = batched[tag]
+        # (the wall times are the events' own, of two runs: not compared)
+        assert [s for s, _, _ in got] == [s for s, _, _ in points], tag
+        assert [str(v) for _, v, _ in got] == [str(v) for _, v, _ in points], tag
+    # every tag of a window has that window's wall time
+    assert len({tuple(w for _, _, w in points) for points in batched.values()}) == 1
+    assert _event_summaries(tmp_path / "batched") == [3, 3, 3]
+    assert _event_summaries(tmp_path / "per-scalar") == [1] * 9

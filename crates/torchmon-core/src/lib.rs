@@ -5,7 +5,8 @@
 //! fork reset (`fork`), the clocks (`clock`), the window-size rule
 //! (`window`), the aggregations (`aggregation`), the per-window histogram of
 //! the P aggregations (`histogram`), with floats written as Python does
-//! (`decimal`), and `torchmon summarize`'s reader (`summary`). The binding
+//! (`decimal`), `torchmon summarize`'s reader (`summary`), and the TensorBoard event-file
+//! writer (`tensorboard`). The binding
 //! crate at the repository root (`torchmon._core`) is the only user;
 //! docs/internals.md has the module map.
 #![deny(clippy::undocumented_unsafe_blocks)]
@@ -25,7 +26,10 @@ pub mod recent;
 pub mod registry;
 pub mod stat;
 pub mod summary;
+// Not under loom: it writes files, and runs no model.
 mod sync;
+#[cfg(not(loom))]
+pub mod tensorboard;
 // Not under loom: its statics hold std atomics, and it runs no model.
 #[cfg(not(loom))]
 pub mod wait_counter;

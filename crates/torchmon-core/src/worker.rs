@@ -141,16 +141,20 @@ impl State {
 }
 
 /// The items the sink takes in one `handle` call: the first one received,
-/// then whatever the channel holds, until it is empty. Each counts as
-/// handled when the next is taken. Flush markers met on the way are
-/// answered at once (everything before them was handled); `Stop` ends the
-/// run and is left for the worker loop.
+/// then whatever the channel holds, until it is empty or a flush marker
+/// comes. Each counts as handled when the next is taken. A flush marker
+/// ends the batch and is answered once `handle` has returned, so that a sink
+/// that buffers within a call (the TensorBoard writer's one write per
+/// batch) has written everything before the marker; `Stop` ends the run and
+/// is left for the worker loop.
 struct Batch<'a, T> {
     first: Option<T>,
     rx: &'a Receiver<Msg<T>>,
     stop: &'a mut bool,
     state: &'a State,
     in_hand: bool,
+    /// The marker that ended the batch, answered on drop.
+    marker: Option<FlushToken>,
 }
 
 impl<T> Batch<'_, T> {
@@ -170,12 +174,12 @@ impl<T> Iterator for Batch<'_, T> {
         let item = match self.first.take() {
             Some(item) => Some(item),
             None => loop {
-                if *self.stop {
+                if *self.stop || self.marker.is_some() {
                     break None;
                 }
                 match self.rx.try_recv() {
                     Ok(Msg::Item(item)) => break Some(item),
-                    Ok(Msg::Flush(token)) => token.0.set(true),
+                    Ok(Msg::Flush(token)) => self.marker = Some(token),
                     Ok(Msg::Stop) => *self.stop = true,
                     Err(_) => break None,
                 }
@@ -193,6 +197,10 @@ impl<T> Drop for Batch<'_, T> {
             drop(item);
             self.state.dropped.fetch_add(1, SeqCst);
             self.state.release(1);
+        }
+        // After the sink returned: everything before the marker was handled.
+        if let Some(token) = self.marker.take() {
+            token.0.set(true);
         }
     }
 }
@@ -568,6 +576,7 @@ fn run<T: Send + 'static>(rx: Receiver<Msg<T>>, state: &State, mut sink: impl Si
             stop: &mut stop,
             state,
             in_hand: false,
+            marker: None,
         };
         // A panicking sink must not leave items pending for ever.
         let flow = catch_unwind(AssertUnwindSafe(|| sink.handle(&mut items))).unwrap_or(Flow::Stop);

@@ -6,9 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import importlib
 import io
-import itertools
 import os
 import re
 import stat
@@ -18,6 +16,8 @@ from typing import TYPE_CHECKING, Any, cast
 from .._core import Event, _event_with_distribution
 
 if TYPE_CHECKING:
+    from pathlib import Path
+
     from .._core import _Summary
     from ..handlers.jsonl import JsonlReader
 
@@ -337,34 +337,13 @@ class _Log:
             )
 
 
-_writer_ids = itertools.count()
-
-
-def _tensorboardx() -> Any:
-    """The tensorboardX module, or the error that says how to install it."""
-    try:
-        return importlib.import_module("tensorboardX")
-    except ImportError:
-        raise _CliError(
-            "writing TensorBoard files needs tensorboardX: pip install tensorboardX tensorboard "
-            "(in a torchmon checkout: pip install '.[tensorboard]')"
-        ) from None
-
-
-def _summary_writer(logdir: str, *, max_queue: int = 10) -> Any:
-    module = _tensorboardx()
-    # tensorboardX names the file after the second and the host only, and
-    # opens it with "wb": a second writer into LOGDIR in the same second
-    # (to-tensorboard --append) would replace the first's file. The pid and a
-    # per-process count make the name unique, as torch's SummaryWriter does.
-    suffix = f".{os.getpid()}.{next(_writer_ids)}"
-    return module.SummaryWriter(logdir=logdir, filename_suffix=suffix, max_queue=max_queue)
-
-
-def _tensorboard_handler(writer: Any, *, step_field: str | None, layout: str = "torch") -> Any:
+def _tensorboard_handler(logdir: Path, *, step_field: str | None, layout: str = "torch") -> Any:
     """The handler that both the demo (live) and ``to-tensorboard`` (from a log)
     write with, so that a converted log and a live one are the same scalars at
-    the same steps (docs/cli.md)."""
+    the same steps (docs/cli.md): torchmon's native writer, one event file in
+    ``logdir``."""
     from ..handlers.tensorboard import TensorboardEventHandler
 
-    return TensorboardEventHandler(writer, other_events=True, step_field=step_field, layout=layout)
+    return TensorboardEventHandler.logdir(
+        logdir, other_events=True, step_field=step_field, layout=layout
+    )

@@ -34,7 +34,6 @@ from ._common import (
     _CliError,
     _Log,
     _new_summary,
-    _summary_writer,
     _tensorboard_handler,
 )
 from .summarize import _readable_bytes, write_summary
@@ -51,6 +50,12 @@ class _Progress:
         self._enabled = _isatty(stream)
         self._last = 0.0
         self._shown = 0
+
+    @property
+    def active(self) -> bool:
+        """Whether it draws (its stream is a terminal): a caller may skip
+        making the text otherwise."""
+        return self._enabled
 
     def update(self, done: int, text: str) -> None:
         if not self._enabled:
@@ -134,14 +139,14 @@ def run(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
         handles = [register_event_handler(jsonl)]
         writer = None
         try:
-            writer = _summary_writer(str(logdir))
-        except _CliError as exc:
+            # torchmon's own event-file writer: no tensorboardX needed. The
+            # epoch events too, as train.epoch_end/<field> at step <epoch>.
+            writer = _tensorboard_handler(logdir, step_field=_DEMO_STEP_FIELD)
+        except OSError as exc:
             print(f"torchmon demo: no TensorBoard output ({exc})", file=err)
         if writer is not None:
             cleanup.callback(writer.close)
-            # The epoch events too, as train.epoch_end/<field> at step <epoch>.
-            tensorboard = _tensorboard_handler(writer, step_field=_DEMO_STEP_FIELD)
-            handles.append(register_event_handler(tensorboard))
+            handles.append(register_event_handler(writer))
         # Unregistered first (the stack runs backwards), then the sinks close.
         cleanup.callback(_unregister_all, handles)
         try:
@@ -257,7 +262,7 @@ def _print_next_steps(
             )
         else:
             print(
-                "\nTo look at it in TensorBoard, install TensorBoard (tensorboardX only "
+                "\nTo look at it in TensorBoard, install TensorBoard (torchmon only "
                 f"writes the files):\n  {python} -m pip install tensorboard\n"
                 f"then:\n  {python} -m tensorboard.main --logdir {_shown_path(logdir)}",
                 file=out,
@@ -359,8 +364,8 @@ def add_parser(commands: Any) -> None:
         help="run a simulated training loop recorded to TensorBoard and JSON lines",
         description=(
             "Runs a simulated training loop (no torch needed) that records Stats "
-            "(1-second windows) and one event per epoch to TensorBoard (when "
-            "tensorboardX is installed) and to DIR/events.jsonl, then prints a summary."
+            "(1-second windows) and one event per epoch to TensorBoard event files "
+            "(torchmon's own writer) and to DIR/events.jsonl, then prints a summary."
         ),
     )
     demo.add_argument(

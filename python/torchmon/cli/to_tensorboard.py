@@ -1,28 +1,17 @@
 """``torchmon to-tensorboard FILE.jsonl LOGDIR``: a JSON-lines log as TensorBoard
-event files, the scalars a live TensorboardEventHandler writes (docs/cli.md)."""
+event files, the scalars (and, for stored distributions, the histograms) a
+live ``TensorboardEventHandler.logdir`` writes, with torchmon's own writer:
+no tensorboardX needed (docs/cli.md)."""
 
 from __future__ import annotations
 
 import argparse
-import logging
-import math
 from pathlib import Path
 from typing import Any, TextIO
 
-from .._core import STAT_EVENT
-from ._common import (
-    _EXIT_OK,
-    _CliError,
-    _Log,
-    _printable,
-    _summary_writer,
-    _tensorboard_handler,
-    _tensorboardx,
-)
+from .._core import STAT_EVENT, _event_with_distribution
+from ._common import _EXIT_OK, _CliError, _Log, _printable, _tensorboard_handler
 from .demo import _Progress
-
-#: Events queued for tensorboardX's writer thread at most.
-_WRITER_QUEUE = 4096
 
 
 def _event_files(directory: Path) -> list[Path]:
@@ -70,98 +59,63 @@ def _undo(logdir: Path, made: Path | None, before: set[Path]) -> None:
                 break
 
 
-#: The logger and message tensorboardX's add_scalar warns with for every NaN
-#: or infinite value (tensorboardX/x2num.py, check_nan): once per scalar,
-#: thousands of lines for a log with NaN windows.
-_NAN_LOGGER = "tensorboardX.x2num"
-_NAN_MESSAGE = "NaN or Inf found in input tensor."
-
-
-class _DropNanWarning(logging.Filter):
-    def filter(self, record: logging.LogRecord) -> bool:
-        return record.msg != _NAN_MESSAGE
-
-
-class _CountingWriter:
-    """Passes ``add_scalar`` calls on to a SummaryWriter, counting them and
-    the NaN or infinite values among them."""
-
-    def __init__(self, writer: Any) -> None:
-        self._writer = writer
-        self.scalars = 0
-        self.non_finite = 0
-
-    def add_scalar(self, tag: str, scalar_value: Any, *args: Any, **kwargs: Any) -> Any:
-        self.scalars += 1
-        try:
-            if not math.isfinite(scalar_value):
-                self.non_finite += 1
-        except (TypeError, OverflowError):  # not a float: tensorboardX deals with it
-            pass
-        return self._writer.add_scalar(tag, scalar_value, *args, **kwargs)
-
-    def close(self) -> None:
-        self._writer.close()
-
-
 def run(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
-    # Imported before the input is opened: tensorboardX imports torch, whose
-    # import a Ctrl-C can abort in C++ (the process dies of SIGABRT instead of
-    # exiting 130); after this the wait for input is interruptible.
-    _tensorboardx()
-    log = _Log(args.file, "raise", distributions=False)
+    # With the stored distributions: each becomes a histogram, as live.
+    log = _Log(args.file, "raise", distributions=True)
     logdir, made = _prepare_conversion_logdir(args.logdir, append=args.append)
     before = set(_event_files(logdir))
     progress = _Progress(log.size, err)
-    from_stats = 0  # the handler writes every item of a Stat event
+    from_stats = 0  # the handler writes every number of a Stat event
     with_step_field = 0
-    # One line of ours below says how many values were NaN or infinite.
-    nan_filter = _DropNanWarning()
-    logging.getLogger(_NAN_LOGGER).addFilter(nan_filter)
+    counts = (0, 0)
     try:
         try:
-            # tensorboardX's default queue of 10 events makes every add_scalar
-            # wait for its writer thread: 3 of 4 seconds of a conversion were
-            # spent waiting (docs/performance.md). A longer queue is still
-            # bounded memory: events of a few hundred bytes.
-            writer = _CountingWriter(_summary_writer(str(logdir), max_queue=_WRITER_QUEUE))
+            handler = _tensorboard_handler(logdir, step_field=args.step_field, layout=args.layout)
         except OSError as exc:
             raise _CliError(f"{logdir}: cannot write: {exc.strerror or exc}") from None
+        native = handler._native
+        assert native is not None
         try:
-            handler = _tensorboard_handler(writer, step_field=args.step_field, layout=args.layout)
-            for event in log:
-                if event.name == STAT_EVENT:
-                    from_stats += len(event.data)
-                elif args.step_field is not None and args.step_field in event.data:
-                    with_step_field += 1
-                handler(event)
-                progress.update(
-                    log.bytes_read, f"{log.records:,} events  {writer.scalars:,} scalars"
-                )
-        except OSError as exc:
-            raise _CliError(f"{logdir}: cannot write: {exc.strerror or exc}") from None
+            for event, distribution in log:
+                if distribution is not None:
+                    event = _event_with_distribution(
+                        event.name, event.timestamp, event.data, distribution
+                    )
+                name = event.name
+                if name == STAT_EVENT:
+                    # The handler's own path (what handler(event) runs), with
+                    # the number of scalars it wrote.
+                    from_stats += handler._write_stat_natively(native, event)
+                else:
+                    if args.step_field is not None and args.step_field in event.data:
+                        with_step_field += 1
+                    handler(event)
+                if progress.active:
+                    progress.update(
+                        log.bytes_read, f"{log.records:,} events  {native.counts[0]:,} scalars"
+                    )
         finally:
             progress.clear()
-            writer.close()
+            # Writes what is queued; a write that failed said so on stderr.
+            handler.close()
+            counts = native.counts
     except (_CliError, KeyboardInterrupt):
         # Interrupted too: a partial conversion left behind would make the
         # next run refuse LOGDIR ("already holds ... event file(s)").
         _undo(logdir, made, before)
         raise
-    finally:
-        logging.getLogger(_NAN_LOGGER).removeFilter(nan_filter)
+    scalars, non_finite = counts
     print(
         _printable(
-            f"wrote {writer.scalars} scalars to {args.logdir} "
-            f"({from_stats} from Stat events, {writer.scalars - from_stats} from other events)"
+            f"wrote {scalars} scalars to {args.logdir} "
+            f"({from_stats} from Stat events, {scalars - from_stats} from other events)"
         ),
         file=out,
     )
-    if writer.non_finite:
-        values = "value was" if writer.non_finite == 1 else "values were"
+    if non_finite:
+        values = "value was" if non_finite == 1 else "values were"
         print(
-            f"torchmon to-tensorboard: {writer.non_finite} {values} NaN or infinite; "
-            "written as they are",
+            f"torchmon to-tensorboard: {non_finite} {values} NaN or infinite; written as they are",
             file=err,
         )
     if args.step_field is not None and not with_step_field:
@@ -178,10 +132,11 @@ def add_parser(commands: Any) -> None:
         "to-tensorboard",
         help="convert a JSON-lines log to TensorBoard event files",
         description=(
-            "Writes a JSON-lines log as TensorBoard scalars, as TensorboardEventHandler("
-            "writer, other_events=True) does live: Stat events one scalar per key at "
-            "the step of the window (1, 2, 3, ... per tag), other events' numeric "
-            "fields as <name>/<field>; wall times from the events."
+            "Writes a JSON-lines log as TensorBoard scalars, as TensorboardEventHandler."
+            "logdir(LOGDIR, other_events=True) does live: Stat events one scalar per key "
+            "at the step of the window (1, 2, 3, ... per tag), a stored distribution as "
+            "a histogram, other events' numeric fields as <name>/<field>; wall times "
+            "from the events."
         ),
     )
     convert.add_argument("file", metavar="FILE.jsonl")
