@@ -51,12 +51,6 @@ pub struct PyDistribution {
 }
 
 impl PyDistribution {
-    /// The core's distribution, shared (the TensorBoard writer's histograms
-    /// keep it until they are encoded, on the writer's thread).
-    pub fn shared(&self) -> &Arc<Distribution> {
-        &self.inner
-    }
-
     pub fn from_core(inner: Arc<Distribution>) -> Self {
         let buckets = &inner.buckets;
         PyDistribution {
@@ -74,8 +68,9 @@ impl PyDistribution {
         }
     }
 
-    /// The core's distribution.
-    pub fn core(&self) -> &Distribution {
+    /// The core's distribution, shared (the TensorBoard writer's histograms
+    /// keep it until they are encoded, on the writer's thread).
+    pub fn core(&self) -> &Arc<Distribution> {
         &self.inner
     }
 

@@ -89,7 +89,7 @@ impl _TensorboardWriter {
             step,
             scalars: tags.into_iter().zip(values).collect(),
             histograms: histogram
-                .map(|(tag, d)| vec![(tag, Arc::clone(d.shared()))])
+                .map(|(tag, d)| vec![(tag, Arc::clone(d.core()))])
                 .unwrap_or_default(),
         };
         let written = match self.inner.try_write(event) {
