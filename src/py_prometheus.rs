@@ -12,7 +12,7 @@ use std::sync::atomic::AtomicBool;
 use std::time::Duration;
 use torchmon_core::prometheus::{ClassicLayout, Exposition, Reading, Served};
 use torchmon_core::prometheus_server::{
-    Escaping, Format, Limits, MAX_HEAD, Negotiated, Render, Server, accepts_protobuf, negotiate,
+    Escaping, Format, Limits, MAX_HEAD, Negotiated, Render, Server, negotiate,
 };
 
 /// The outer lock is only ever taken while attached to Python and held for
@@ -88,14 +88,8 @@ impl _PrometheusExposition {
         )
     }
 
-    /// Whether a scrape with this `Accept` header gets protobuf (otherwise
-    /// text): the Rust server's negotiation, the one rule of every path.
-    #[staticmethod]
-    fn accepts_protobuf(accept: &str) -> bool {
-        accepts_protobuf(accept)
-    }
-
-    /// The Rust server's negotiation of a scrape with this `Accept` header:
+    /// The Rust server's negotiation of a scrape with this `Accept` header,
+    /// the one rule of every scrape path:
     /// `(protobuf, escaping scheme named or None, Content-Type)`.
     #[staticmethod]
     fn negotiate(accept: &str) -> (bool, Option<&'static str>, String) {
