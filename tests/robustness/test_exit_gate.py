@@ -102,7 +102,10 @@ def test_a_handler_inside_a_gil_releasing_call_at_exit_finishes(tmp_path: Path) 
     """A daemon thread is inside a handler, sleeping with the GIL released, when
     the main thread ends: the exit waits for it, so the handler's last line is
     written and the process exits cleanly (without the wait the thread is ended
-    by pthread_exit when the sleep returns, and the process aborts)."""
+    by pthread_exit when the sleep returns, and the process aborts). From 3.14
+    the gate is not built: CPython parks the thread when the sleep returns, so
+    the exit is as clean but the handler's last line is not written
+    (docs/reliability.md, "Threads still logging while the interpreter exits")."""
     proc, lines = run_child(
         tmp_path,
         """
@@ -123,7 +126,8 @@ def test_a_handler_inside_a_gil_releasing_call_at_exit_finishes(tmp_path: Path) 
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout == "main done\n"
     assert proc.stderr == ""
-    assert lines == ["handler finished"]
+    if GATE_BUILT:
+        assert lines == ["handler finished"]
 
 
 def test_the_exiting_thread_still_delivers_after_the_gate(tmp_path: Path) -> None:

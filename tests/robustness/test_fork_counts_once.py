@@ -51,8 +51,12 @@ def _probe(event):
     if event.name == m.STAT_EVENT and "samples.count" in event.data:
         _append("logged.jsonl", {"pid": os.getpid(), "count": event.data["samples.count"]})
 
-if os.environ.get("PROBE_PARENT") == str(os.getpid()):
-    # Registered in the parent only: every child inherits them.
+if os.environ.get("PROBE_PARENT") == str(os.getpid()) or m._core._handler_count() == 0:
+    # Registered in the parent, where every forked child inherits them, and in
+    # the forkserver, a fresh interpreter that inherits none: its children
+    # log through them. (CPython up to 3.13 ignored the forkserver's sys.path,
+    # so the preload of this module failed silently there and each of its
+    # children imported it anew; 3.14 preloads it.)
     m.register_event_handler(m.JsonlEventHandler(os.path.join(OUT, "events.jsonl")))
     m.register_event_handler(_probe)
 

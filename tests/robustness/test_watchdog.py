@@ -205,7 +205,12 @@ def test_dataloader_workers_report_nothing(tmp_path: Path) -> None:
             time.sleep(0.01)
             wd.beat()
         workers = set()
-        loader = torch.utils.data.DataLoader(Slow(), batch_size=1, num_workers=2)
+        # Forked workers (the default before 3.14, which defaults to
+        # forkserver; a class of this -c script cannot be pickled for that):
+        # they inherit the parent's Watchdog, which must stay silent there.
+        loader = torch.utils.data.DataLoader(
+            Slow(), batch_size=1, num_workers=2, multiprocessing_context="fork"
+        )
         for batch in loader:
             workers.add(int(batch[0]))
             wd.beat()

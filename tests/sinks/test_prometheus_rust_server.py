@@ -83,6 +83,9 @@ def scrape(url: str) -> int:
         with urllib.request.urlopen(url, timeout=10) as response:
             return int(response.status)
     except urllib.error.HTTPError as exc:
+        # Closed here: CPython 3.14 warns (ResourceWarning) about an HTTPError
+        # whose response is left to the garbage collector.
+        exc.close()
         return int(exc.code)
 
 
