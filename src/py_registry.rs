@@ -118,15 +118,10 @@ mod published {
     }
 }
 
-/// The exit gate (see `exit_gate`), closed at interpreter exit: the core's
-/// `ExitGate` for the CPython versions that need it, its `NoGate` for those
-/// that do not (from 3.14 on, which hangs late threads instead of ending them
-/// with `pthread_exit`: gh-87135). PyO3 supports free-threaded builds only
-/// from 3.14.
-#[cfg(not(Py_3_14))]
+/// The exit gate (see `exit_gate`), closed at interpreter exit, on every
+/// CPython: 3.14 parks late threads instead of ending them, but a parked
+/// handler's last write is lost and its locks stay held (docs/reliability.md).
 static EXIT_GATE: exit_gate::ExitGate = exit_gate::ExitGate::new();
-#[cfg(Py_3_14)]
-static EXIT_GATE: exit_gate::NoGate = exit_gate::NoGate;
 
 /// How long the exiting thread waits for other threads' dispatches to end.
 const EXIT_WAIT: Duration = Duration::from_secs(2);

@@ -15,14 +15,10 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 from support import run_child_writing
-
-# Below 3.14 the gate is built; from 3.14 CPython hangs such threads itself.
-GATE_BUILT = sys.version_info < (3, 14)
 
 _PRELUDE = """
 import atexit, datetime as dt, json, os, sys, threading, time
@@ -102,10 +98,7 @@ def test_a_handler_inside_a_gil_releasing_call_at_exit_finishes(tmp_path: Path) 
     """A daemon thread is inside a handler, sleeping with the GIL released, when
     the main thread ends: the exit waits for it, so the handler's last line is
     written and the process exits cleanly (without the wait the thread is ended
-    by pthread_exit when the sleep returns, and the process aborts). From 3.14
-    the gate is not built: CPython parks the thread when the sleep returns, so
-    the exit is as clean but the handler's last line is not written
-    (docs/reliability.md, "Threads still logging while the interpreter exits")."""
+    by pthread_exit when the sleep returns, and the process aborts)."""
     proc, lines = run_child(
         tmp_path,
         """
@@ -126,8 +119,7 @@ def test_a_handler_inside_a_gil_releasing_call_at_exit_finishes(tmp_path: Path) 
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout == "main done\n"
     assert proc.stderr == ""
-    if GATE_BUILT:
-        assert lines == ["handler finished"]
+    assert lines == ["handler finished"]
 
 
 def test_the_exiting_thread_still_delivers_after_the_gate(tmp_path: Path) -> None:
@@ -163,10 +155,9 @@ def test_the_exiting_thread_still_delivers_after_the_gate(tmp_path: Path) -> Non
     after = lines[main_done + 1 :]
     assert after[-2] == "from the exiting thread", lines
     closed, running, skipped = json.loads(after[-1].removeprefix("state "))
-    if GATE_BUILT:
-        assert (closed, running) == (True, 0)
-        # The daemon thread kept logging while the exit waited and ran `late`.
-        assert skipped >= 1
+    assert (closed, running) == (True, 0)
+    # The daemon thread kept logging while the exit waited and ran `late`.
+    assert skipped >= 1
 
 
 def test_a_thread_holding_a_lock_around_log_event_does_not_hang_the_exit(
@@ -230,5 +221,4 @@ def test_a_handler_blocked_forever_delays_the_exit_only_by_the_bound(tmp_path: P
     assert proc.stderr == ""
     (state,) = lines
     closed, running, _ = json.loads(state.removeprefix("state "))
-    if GATE_BUILT:
-        assert (closed, running) == (True, 1)  # still inside when the wait gave up
+    assert (closed, running) == (True, 1)  # still inside when the wait gave up

@@ -15,6 +15,9 @@
 //! asks for the GIL after that holds no frame of ours. Skipping rather than
 //! parking the late threads matters: a parked thread would keep any lock it
 //! holds, and a later `atexit` handler taking that lock would hang the exit.
+//! CPython 3.14 parks such threads instead of ending them (gh-87135): no
+//! abort, but a handler parked mid-call loses its last write and keeps its
+//! locks, so the gate is built there too.
 
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
@@ -136,44 +139,6 @@ impl ExitGate {
     }
 }
 
-/// The gate of the interpreters that need none: CPython 3.14 hangs late
-/// threads instead of ending them with `pthread_exit` (gh-87135). The same
-/// calls as `ExitGate`'s, so that the binding picks one or the other with a
-/// single `cfg`: nothing is marked, every thread is admitted, closing
-/// changes nothing and there is never a dispatch to wait for.
-pub struct NoGate;
-
-/// `NoGate`'s running dispatch: nothing to end.
-pub struct NotRunning;
-
-impl NoGate {
-    #[inline]
-    pub fn enter(&self) -> NotRunning {
-        NotRunning
-    }
-
-    #[inline]
-    pub fn enter_serialised(&self) -> NotRunning {
-        NotRunning
-    }
-
-    #[inline]
-    pub fn admits_current_thread(&self) -> bool {
-        true
-    }
-
-    pub fn close(&self) {}
-
-    pub fn wait_idle(&self, _timeout: Duration) -> bool {
-        true
-    }
-
-    /// Never closed, nothing running, nothing skipped.
-    pub fn state(&self) -> (bool, usize, u64) {
-        (false, 0, 0)
-    }
-}
-
 /// A running dispatch; dropping it (also when unwinding) ends it.
 pub struct Running<'a> {
     gate: &'a ExitGate,
@@ -255,18 +220,6 @@ mod tests {
         assert_eq!(gate.running(), 0);
         assert!(!worker.join().unwrap());
         assert_eq!(gate.state(), (true, 0, 1));
-    }
-
-    #[test]
-    fn no_gate_admits_every_thread_and_never_closes() {
-        let gate = NoGate;
-        let _running = gate.enter_serialised();
-        gate.close();
-        assert!(gate.admits_current_thread());
-        let refused = thread::spawn(|| NoGate.admits_current_thread());
-        assert!(refused.join().unwrap());
-        assert!(gate.wait_idle(Duration::ZERO));
-        assert_eq!(gate.state(), (false, 0, 0));
     }
 
     #[test]
