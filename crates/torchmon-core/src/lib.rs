@@ -30,6 +30,7 @@ pub mod summary;
 mod sync;
 #[cfg(not(loom))]
 pub mod tensorboard;
+pub mod threads;
 // Not under loom: its statics hold std atomics, and it runs no model.
 #[cfg(not(loom))]
 pub mod wait_counter;

@@ -505,15 +505,15 @@ impl Server {
         });
         let thread = {
             let shared = shared.clone();
-            thread::Builder::new()
-                .name(format!("torchmon-prometheus-{port}"))
-                .spawn(move || {
-                    accept_loop(&listener, &shared, &render);
-                    drop(listener);
-                    shared.shut_down_waiting();
-                    *lock(&shared.ended) = true;
-                    shared.ended_signal.notify_all();
-                })?
+            let builder = thread::Builder::new().name(format!("torchmon-prometheus-{port}"));
+            // Its scrape threads inherit its mask (crate::threads).
+            crate::threads::spawn(builder, move || {
+                accept_loop(&listener, &shared, &render);
+                drop(listener);
+                shared.shut_down_waiting();
+                *lock(&shared.ended) = true;
+                shared.ended_signal.notify_all();
+            })?
         };
         Ok(Server {
             port,

@@ -188,14 +188,15 @@ fn dump_stacks(file: &File) -> bool {
     let Some(dumper) = dumper.as_ref() else {
         return false;
     };
+    unblock(dumper.signal);
     // SAFETY: both descriptors are open (the file is borrowed for the call;
     // `target_fd` is held open by the embedder's faulthandler registration,
     // `idle_fd` by the table). `dup2` replaces `target_fd` atomically, and the
     // only other user of `target_fd` is faulthandler's handler, which runs
     // only for the signal raised here, on this thread, while the lock keeps
     // other dumps out. `raise` delivers to the calling thread, whose mask
-    // `unblock` cleared when the thread started, so the handler has run
-    // when it returns.
+    // `unblock` has just cleared of the signal (the core's threads start with
+    // it blocked: crate::threads), so the handler has run when it returns.
     unsafe {
         if libc::dup2(file.as_raw_fd(), dumper.target_fd) < 0 {
             return false;
@@ -544,21 +545,19 @@ impl Watchdog {
         let now = clock::now_ms_for_window(clock::COARSE_CLOCK_MIN_WINDOW_MS);
         let shared = Arc::new(Shared::new(config, rank, dump_dir, now));
         let (sender, receiver) = std::sync::mpsc::channel::<Report>();
-        let delivery = std::thread::Builder::new()
-            .name("torchmon-wd-report".into())
-            .spawn(move || {
-                for delivered in receiver {
-                    report(delivered);
-                }
-            })?;
+        let builder = std::thread::Builder::new().name("torchmon-wd-report".into());
+        let delivery = crate::threads::spawn(builder, move || {
+            for delivered in receiver {
+                report(delivered);
+            }
+        })?;
         let watched = Arc::clone(&shared);
-        let thread = std::thread::Builder::new()
-            .name("torchmon-watchdog".into())
-            .spawn(move || {
-                watch(&watched, |found| {
-                    let _ = sender.send(found);
-                })
-            })?;
+        let builder = std::thread::Builder::new().name("torchmon-watchdog".into());
+        let thread = crate::threads::spawn(builder, move || {
+            watch(&watched, |found| {
+                let _ = sender.send(found);
+            })
+        })?;
         let mut watchdogs = WATCHDOGS.lock();
         watchdogs.retain(|weak| weak.strong_count() > 0);
         watchdogs.push(Arc::downgrade(&shared));
@@ -673,19 +672,18 @@ fn watch(shared: &Shared, report: impl Fn(Report)) {
 /// Ends the process with `code` after `EXIT_GRACE`, unless the report
 /// ended it first.
 fn exit_after_grace(code: i32) {
-    let _ = std::thread::Builder::new()
-        .name("torchmon-watchdog-exit".into())
-        .spawn(move || {
-            std::thread::sleep(EXIT_GRACE);
-            eprintln!(
-                "torchmon: the watchdog's hang report did not finish within {} s; \
-                 exiting with code {code}",
-                EXIT_GRACE.as_secs()
-            );
-            // SAFETY: `_exit` ends the process without running any handler
-            // of this process, which is the point: the process is wedged.
-            unsafe { libc::_exit(code) };
-        });
+    let builder = std::thread::Builder::new().name("torchmon-watchdog-exit".into());
+    let _ = crate::threads::spawn(builder, move || {
+        std::thread::sleep(EXIT_GRACE);
+        eprintln!(
+            "torchmon: the watchdog's hang report did not finish within {} s; \
+             exiting with code {code}",
+            EXIT_GRACE.as_secs()
+        );
+        // SAFETY: `_exit` ends the process without running any handler
+        // of this process, which is the point: the process is wedged.
+        unsafe { libc::_exit(code) };
+    });
 }
 
 #[cfg(test)]

@@ -303,12 +303,11 @@ impl<T: Send + 'static> Worker<T> {
             return Ok(());
         }
         let (rx, state) = (rx.clone(), Arc::clone(&self.state));
-        let handle = std::thread::Builder::new()
-            .name(name.to_owned())
-            .spawn(move || {
-                let _ = state.thread_id.set(std::thread::current().id());
-                run(rx, &state, sink);
-            })?;
+        let builder = std::thread::Builder::new().name(name.to_owned());
+        let handle = crate::threads::spawn(builder, move || {
+            let _ = state.thread_id.set(std::thread::current().id());
+            run(rx, &state, sink);
+        })?;
         *thread = Some(handle);
         self.started.store(true, SeqCst);
         Ok(())
