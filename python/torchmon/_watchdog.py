@@ -13,6 +13,7 @@ and records the straggler scores.
 
 from __future__ import annotations
 
+import errno
 import faulthandler
 import json
 import math
@@ -285,16 +286,17 @@ class Watchdog(_Watchdog):
             (".flight-recorder.json", "fr_trace_json"),
             (".wait-counters.json", "wait_counter_values"),
         ):
+            path = base + suffix
             try:
                 text = _control_plane(handler)
                 if text is not None:
-                    with open(base + suffix, "w") as file:
-                        file.write(text)
+                    _write_new_file(path, text)
             except Exception as exc:
-                print(
-                    f"torchmon: the watchdog could not write {base + suffix}: {exc}",
-                    file=sys.stderr,
-                )
+                if isinstance(exc, OSError) and exc.errno in (errno.EEXIST, errno.ELOOP):
+                    problem = "a file or symlink is already there (left as it is)"
+                else:
+                    problem = str(exc)
+                print(f"torchmon: the watchdog could not write {path}: {problem}", file=sys.stderr)
 
     # -- the reporter thread's steps ----------------------------------------
 
@@ -430,6 +432,18 @@ def _read_entries(store: Any, ranks: list[int]) -> list[dict[str, Any] | None]:
     if keys and hasattr(store, "multi_get") and store.check(keys):
         return [json.loads(value) for value in store.multi_get(keys)]
     return [json.loads(store.get(key)) if store.check([key]) else None for key in keys]
+
+
+def _write_new_file(path: str, text: str) -> None:
+    """Writes ``text`` to a file created at ``path``, never through what is
+    there already: the dump directory may be shared and the names are
+    predictable, so a file or symlink planted at ``path`` would otherwise
+    receive the write (docs/watchdog.md, "What a hang writes"). Raises
+    OSError (EEXIST, ELOOP) when ``path`` exists; nothing is written then."""
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+    fd = os.open(path, flags, 0o644)
+    with os.fdopen(fd, "w", encoding="utf-8") as file:
+        file.write(text)
 
 
 def _report_loop(ref: weakref.ref[Watchdog], interval: float) -> None:
