@@ -107,7 +107,9 @@ def _flush_here(timeout: float | None) -> bool:
     # its handler's export_timeout, delays no local file.
     for sink in sorted(_live_flushables(), key=_sends_remotely):
         try:
-            sink.flush()
+            # A tracker sink's False: a timeout, or windows dropped.
+            if sink.flush() is False:
+                drained = False
         except BaseException as exc:
             errors.add(exc, sink)
     errors.raise_it()
@@ -119,12 +121,13 @@ def _sends_remotely(sink: object) -> bool:
 
 
 def _live_flushables() -> list[Any]:
-    """The registered sinks made in this process and still alive."""
+    """The registered sinks made in this process, and those that flush in
+    forked children too (the tracker sinks), still alive."""
     pid = os.getpid()
     sinks = []
     for ref, owner in list(_flushables.values()):
         sink = ref()
-        if sink is not None and owner == pid:
+        if sink is not None and (owner == pid or getattr(sink, "_flushes_in_children", False)):
             sinks.append(sink)
     return sinks
 
@@ -167,7 +170,32 @@ def flush(timeout: float | None = None) -> bool:
     return _flush_with_deadline(seconds)
 
 
+# The helper of the last flush with a timeout: (pid, set when it ended). One
+# at a time: a flush(timeout=0) every step while a sink is stuck must not
+# pile up a thread per call.
+_helper: tuple[int, threading.Event] | None = None
+_helper_lock = threading.Lock()
+
+
 def _flush_with_deadline(seconds: float) -> bool:
+    global _helper
+    deadline = time.monotonic() + seconds
+    previous = _helper
+    if previous is not None and previous[0] == os.getpid():
+        if not previous[1].wait(seconds):
+            return False  # still busy with an earlier flush: it goes on
+    # Not blocking: a signal handler's flush may have interrupted the holder.
+    if not _helper_lock.acquire(timeout=max(0.0, deadline - time.monotonic())):
+        return False
+    try:
+        previous = _helper
+        if previous is not None and previous[0] == os.getpid() and not previous[1].is_set():
+            return False  # another thread started one meanwhile
+        ended = threading.Event()
+        _helper = (os.getpid(), ended)
+    finally:
+        _helper_lock.release()
+    seconds = max(0.0, deadline - time.monotonic())
     done = threading.Event()
     outcome: dict[str, Any] = {}
     lock = threading.Lock()
@@ -178,6 +206,8 @@ def _flush_with_deadline(seconds: float) -> bool:
             key = "result"
         except BaseException as exc:
             result, key = exc, "error"
+        finally:
+            ended.set()
         with lock:
             abandoned = outcome.get("abandoned", False)
             if not abandoned:
@@ -191,6 +221,7 @@ def _flush_with_deadline(seconds: float) -> bool:
         helper.start()
     except RuntimeError:
         # No thread can be started (interpreter shutdown): flush here.
+        ended.set()
         return _flush_here(seconds)
     done.wait(seconds)
     with lock:

@@ -50,9 +50,15 @@ State, fork and exit: the queue, the counters and the sender thread live in
 the handler. A forked child's copy starts with an empty queue, zero counts
 and no thread (a step of ``_lifecycle._after_fork_in_child``); its thread
 starts with its first window, and it delivers the child's windows through a
-``_start`` of its own. At exit the handler is closed after torchmon's exit
-flush and after the local sinks were flushed (``_lifecycle.close_at_exit``);
-``torchmon.flush()`` flushes it after the local sinks (``_flushes_remotely``).
+``_start`` of its own, unless ``_fork_refused`` names why the tracker cannot
+(W&B): the child's windows are then dropped, counted and said once. The
+child's exit flush flushes it too (``_flushes_in_children``), so a
+``multiprocessing`` child, which ends without atexit, delivers before it
+ends. ``_start_early(seconds)`` (the MLflow constructor) starts the sender
+at once and waits at most ``seconds`` for its ``_start``. At exit the handler
+is closed after torchmon's exit flush and after the local sinks were flushed
+(``_lifecycle.close_at_exit``); ``torchmon.flush()`` flushes it after the
+local sinks (``_flushes_remotely``).
 """
 
 from __future__ import annotations
@@ -113,7 +119,11 @@ class TrackerEventHandler(ClosesAtExit):
 
     # torchmon.flush() and the exit flush it after the sinks that write locally.
     _flushes_remotely = True
+    # It forgets the parent's queue at a fork: a child's flush is its own.
+    _flushes_in_children = True
     _OWNER = "TrackerEventHandler"
+    #: Why a forked child cannot deliver (W&B); "" when it can.
+    _fork_refused = ""
 
     __slots__ = (
         "__weakref__",
@@ -121,12 +131,16 @@ class TrackerEventHandler(ClosesAtExit):
         "_delivered",
         "_destination",
         "_dropped",
+        "_drops_said",
         "_enqueued",
+        "_failed_at",
         "_failing",
-        "_gave_up_at",
+        "_failures",
+        "_flushed_drops",
         "_idle",
         "_last_ok",
         "_lock",
+        "_maker_pid",
         "_max_queue",
         "_outage_dropped",
         "_owner_pid",
@@ -135,6 +149,7 @@ class TrackerEventHandler(ClosesAtExit):
         "_reported_rename",
         "_retry_interval",
         "_sleeping",
+        "_slow_said",
         "_started",
         "_step",
         "_stop",
@@ -171,8 +186,8 @@ class TrackerEventHandler(ClosesAtExit):
         self._lock = new_lock()
         self._closed = False
         self._at_exit = None
+        self._maker_pid = os.getpid()
         self._reset_after_fork()
-        self._owner_pid = os.getpid()
         _handlers.add(self)
         _register_flushable(self)  # type: ignore[arg-type]  # its flush returns a bool
         self._close_at_exit()
@@ -183,12 +198,16 @@ class TrackerEventHandler(ClosesAtExit):
         self._windows: dict[str, int] = {}  # Stat name -> windows seen (the default step)
         self._dropped = 0
         self._outage_dropped = 0
+        self._flushed_drops = 0  # _dropped when a flush last returned
+        self._drops_said = False
+        self._slow_said = False
         self._enqueued = 0  # items queued so far
         # Items delivered or dropped so far: the sequence number of the
         # queue's head.
         self._delivered = 0
-        self._gave_up_at = -1  # _enqueued when a flush last timed out in an outage
         self._failing = False
+        self._failures = 0  # failed attempts: a flush in an outage waits for one
+        self._failed_at = 0.0  # time.monotonic() of the last one
         self._started = False
         self._last_ok = time.time()
         self._thread: threading.Thread | None = None
@@ -233,9 +252,19 @@ class TrackerEventHandler(ClosesAtExit):
         self._put(item)
 
     def _put(self, item: Any) -> None:
+        if self._fork_refused and self._maker_pid != self._owner_pid:
+            self._dropped += 1
+            if not self._drops_said:
+                self._drops_said = True
+                self._report_line(
+                    f"this forked child's windows are not sent to {self._destination} "
+                    f"({self._fork_refused}); they are dropped, counted in .dropped"
+                )
+            return
         with self._lock:
             queue = self._queue
-            if len(queue) >= self._max_queue:
+            full = len(queue) >= self._max_queue
+            if full:
                 queue.popleft()
                 self._dropped += 1
                 self._outage_dropped += 1
@@ -243,6 +272,13 @@ class TrackerEventHandler(ClosesAtExit):
             queue.append(item)
             self._enqueued += 1
             thread = self._thread
+        # During an outage its first line said that the oldest are dropped.
+        if full and not self._drops_said and not self._failing:
+            self._drops_said = True
+            self._report_line(
+                f"more than max_queue={self._max_queue} windows wait for {self._destination}: "
+                "the oldest are dropped, counted in .dropped (the total is said at close)"
+            )
         if thread is None:
             self._start_thread()
         # The sender is woken only when it waits for work: not while it
@@ -250,6 +286,18 @@ class TrackerEventHandler(ClosesAtExit):
         # (it retries every retry_interval, or when flush() asks).
         if self._sleeping and not self._failing:
             self._wake.set()
+
+    def _start_early(self, seconds: float) -> None:
+        """Starts the sender, which calls ``_start`` at once, and waits at most
+        ``seconds`` for that first attempt."""
+        self._start_thread()
+        deadline = time.monotonic() + seconds
+        with self._idle:
+            while not (self._started or self._failures) and self._thread is not None:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    break
+                self._idle.wait(min(left, 0.05))
 
     def _start_thread(self) -> None:
         with self._lock:
@@ -297,9 +345,7 @@ class TrackerEventHandler(ClosesAtExit):
                 return True
         rows, others, end = self._take()
         try:
-            if not self._started:
-                self._start()
-                self._started = True
+            self._start_once()
             batch_size = self._batch_size
             for i in range(0, len(rows), batch_size):
                 self._send(rows[i : i + batch_size])
@@ -320,7 +366,18 @@ class TrackerEventHandler(ClosesAtExit):
         self._last_ok = time.time()
         return True
 
+    def _start_once(self) -> None:
+        if not self._started:
+            self._start()
+            self._started = True
+
     def _run(self) -> None:
+        try:
+            self._start_once()
+        except Exception as exc:
+            self._report_failure(exc)
+        with self._idle:
+            self._idle.notify_all()
         while True:
             # Flagged before the queue is looked at: a window queued
             # meanwhile either is seen here or sees the flag and wakes us.
@@ -344,18 +401,32 @@ class TrackerEventHandler(ClosesAtExit):
     def flush(self, timeout: float | None = None) -> bool:
         """Waits until every window queued before the call was delivered, at
         most ``timeout`` seconds (``None``: ``export_timeout``). Returns
-        whether they were. During an outage, a flush without ``timeout``
-        (``torchmon.flush()``'s, the exit's) with nothing queued since the
-        previous one timed out returns ``False`` at once (it would wait for
-        the same windows again)."""
+        whether they were and none was dropped since the previous flush.
+        During an outage a flush without ``timeout`` (``torchmon.flush()``'s)
+        waits for one attempt, and for none when the last one failed less
+        than ``retry_interval`` ago (the sender retries on its own)."""
         if self._owner_pid != os.getpid():
             self._reset_after_fork()
-        seconds = self._timeout if timeout is None else timeout
+        dropped = self._dropped != self._flushed_drops
+        self._flushed_drops = self._dropped
+        delivered = self._wait(timeout)
+        if delivered:
+            self._slow_said = False
+        elif not self._failing and not self._slow_said:
+            self._slow_said = True  # the outage line, or this one, said it
+            self._report_line(
+                f"{len(self._queue)} windows not delivered to {self._destination} within "
+                f"{self._timeout if timeout is None else timeout:g} s; they stay queued "
+                "(said once until a flush delivers)"
+            )
+        return delivered and not dropped
+
+    def _wait(self, timeout: float | None) -> bool:
         target = self._enqueued
         if self._delivered >= target:
             return not self._failing
-        if timeout is None and self._failing and self._gave_up_at == target:
-            self._wake.set()  # a retry now, not waited for
+        one_attempt = timeout is None and self._failing
+        if one_attempt and time.monotonic() - self._failed_at < self._retry_interval:
             return False
         if self._thread is None:
             self._start_thread()
@@ -364,22 +435,16 @@ class TrackerEventHandler(ClosesAtExit):
                 while self._queue and self._deliver_once():
                     pass
                 return self._delivered >= target
+        failures = self._failures
         self._wake.set()  # during an outage: try now
-        deadline = time.monotonic() + seconds
+        deadline = time.monotonic() + (self._timeout if timeout is None else timeout)
         with self._idle:
-            while self._delivered < target:
+            while self._delivered < target and self._thread is not None:
                 left = deadline - time.monotonic()
-                if left <= 0 or self._thread is None:
+                if left <= 0 or (one_attempt and self._failures != failures):
                     break
                 self._idle.wait(min(left, 0.05))
-        if self._delivered >= target:
-            return True
-        self._gave_up_at = self._enqueued
-        self._report_line(
-            f"{len(self._queue)} windows not delivered to {self._destination} "
-            f"within {seconds:g} s (they stay queued)"
-        )
-        return False
+        return self._delivered >= target
 
     def close(self) -> None:
         """Delivers what is queued (waiting at most ``export_timeout``),
@@ -396,17 +461,17 @@ class TrackerEventHandler(ClosesAtExit):
         if self._owner_pid != os.getpid():
             self._reset_after_fork()
         start = time.monotonic()
-        delivered = True
         if self._queue:
-            delivered = self.flush(self._timeout)
+            self._wait(self._timeout)
         with self._lock:
             self._stop = True
         self._wake.set()
         lost = len(self._queue)
-        if lost and delivered:
-            self._report_line(
-                f"{lost} windows were not delivered to {self._destination} before close"
-            )
+        said = [f"{lost} windows still queued were not delivered and are lost"] if lost else []
+        if self._dropped:
+            said.append(f"{self._dropped} were dropped in all (max_queue={self._max_queue})")
+        if said:
+            self._report_line(f"at close, to {self._destination}: " + "; ".join(said))
         if self._failing:
             return  # ending a run needs the tracker too
         left = max(0.0, self._timeout - (time.monotonic() - start))
@@ -471,6 +536,8 @@ class TrackerEventHandler(ClosesAtExit):
     # --- reports ------------------------------------------------------------
 
     def _report_failure(self, exc: BaseException) -> None:
+        self._failures += 1
+        self._failed_at = time.monotonic()
         if self._failing:
             return
         self._failing = True
@@ -483,7 +550,6 @@ class TrackerEventHandler(ClosesAtExit):
 
     def _report_recovery(self) -> None:
         self._failing = False
-        self._gave_up_at = -1
         dropped = self._outage_dropped
         self._outage_dropped = 0
         self._report_line(

@@ -33,6 +33,8 @@ MAX_METRICS_PER_BATCH = 1000
 _MAX_TAGS_PER_BATCH = 100
 _MAX_KEY = 250
 _MAX_TAG_VALUE = 8000
+#: Seconds at most that the constructor waits for the run it creates.
+MAX_CONSTRUCTOR_WAIT = 5.0
 # What MLflow accepts in a metric or tag name on POSIX (its own regex).
 _INVALID_KEY_CHAR = re.compile(r"[^/\w.\- :]")
 
@@ -171,7 +173,7 @@ class MLflowEventHandler(TrackerEventHandler):
         self._experiment_name = experiment_name
         self._run_name = run_name
         self._other_events = other_events
-        self._created = False
+        self._created = 0  # the pid of the process that created the run
         super().__init__(
             destination=f"MLflow at {uri}",
             step=step,
@@ -182,26 +184,22 @@ class MLflowEventHandler(TrackerEventHandler):
             max_batch_size=MAX_METRICS_PER_BATCH,
         )
         self._client = MlflowClient(tracking_uri=uri)
-        self._rest = _rest_sender(self._client, self._timeout)
+        self._rest = _rest_caller(self._client, self._timeout)
         if run_id is None and tracking_uri is None and experiment_name is None:
             active = mlflow.active_run()
             if active is not None:
                 run_id = active.info.run_id
         self._run_id = run_id
         if run_id is None:
-            why = _reachable(uri, min(1.0, self._timeout))
-            if why is not None:
+            # The run is created by the sender; the caller waits a bounded
+            # time for it (docs/sinks.md, "Which run"), however the server
+            # answers.
+            wait = min(self._timeout, MAX_CONSTRUCTOR_WAIT)
+            self._start_early(wait)
+            if self._run_id is None and not self._failing:
                 self._report_line(
-                    f"cannot reach {uri} now ({why}): the windows are queued "
-                    f"(at most {self._max_queue}) until it answers"
-                )
-                return
-            try:
-                self._start()
-            except Exception as exc:
-                self._report_line(
-                    f"cannot create a run at {uri} now ({_first_line(exc)}): "
-                    f"retried from the sender thread"
+                    f"no run created at {uri} within {wait:g} s: the sender thread "
+                    f"goes on trying; the windows are queued (at most {self._max_queue})"
                 )
 
     @property
@@ -225,29 +223,25 @@ class MLflowEventHandler(TrackerEventHandler):
 
         from .._rank import rank_info
 
-        client = self._client
+        store = _Store(self._client, self._rest)
         info = rank_info()
         if self._experiment_name is not None:
-            experiment = client.get_experiment_by_name(self._experiment_name)
-            if experiment is not None:
-                experiment_id = experiment.experiment_id
-            else:
+            experiment_id = store.experiment_id(self._experiment_name)
+            if experiment_id is None:
                 try:
-                    experiment_id = client.create_experiment(self._experiment_name)
+                    experiment_id = store.create_experiment(self._experiment_name)
                 except MlflowException:  # another rank created it meanwhile
-                    found = client.get_experiment_by_name(self._experiment_name)
-                    if found is None:
+                    experiment_id = store.experiment_id(self._experiment_name)
+                    if experiment_id is None:
                         raise
-                    experiment_id = found.experiment_id
         else:
             experiment_id = _default_experiment_id()
         tags = {**info.labels(), "host": info.host, **self._tags}
         name = self._run_name
         if name is None:
             name = f"rank{info.rank}" if info.run_id is None else f"{info.run_id}-rank{info.rank}"
-        run = client.create_run(experiment_id, tags=tags, run_name=name)
-        self._run_id = run.info.run_id
-        self._created = True
+        self._run_id = store.create_run(experiment_id, tags, name)
+        self._created = os.getpid()  # a forked child does not end it
 
     def _send(self, batch: list[Row]) -> None:
         from mlflow.entities import Metric
@@ -258,7 +252,7 @@ class MLflowEventHandler(TrackerEventHandler):
             Metric(key(name), value, timestamp, step) for name, value, step, timestamp in batch
         ]
         if self._rest is not None:
-            self._rest(self._run_id, metrics, [])
+            self._rest.log_batch(self._run_id, metrics, [])
         else:
             self._client.log_batch(self._run_id, metrics=metrics)
 
@@ -281,21 +275,16 @@ class MLflowEventHandler(TrackerEventHandler):
         for i in range(0, len(tags), _MAX_TAGS_PER_BATCH):
             chunk = tags[i : i + _MAX_TAGS_PER_BATCH]
             if self._rest is not None:
-                self._rest(self._run_id, [], chunk)
+                self._rest.log_batch(self._run_id, [], chunk)
             else:
                 self._client.log_batch(self._run_id, tags=chunk)
 
     def _finish(self) -> None:
-        if self._created and self._run_id is not None:
+        if self._created == os.getpid() and self._run_id is not None:
             self._client.set_terminated(self._run_id)
 
     def __repr__(self) -> str:
         return f"MLflowEventHandler(tracking_uri={self._tracking_uri!r}, run_id={self._run_id!r})"
-
-
-def _first_line(exc: BaseException) -> str:
-    lines = str(exc).strip().splitlines()
-    return f"{type(exc).__name__}: {lines[0][:300]}" if lines else type(exc).__name__
 
 
 def _default_experiment_id() -> str:
@@ -312,41 +301,105 @@ def _default_experiment_id() -> str:
     return os.environ.get("MLFLOW_EXPERIMENT_ID") or "0"
 
 
-def _rest_sender(client: Any, timeout: float) -> Any:
-    """For an HTTP tracking server: ``send(run_id, metrics, tags)`` posting
-    one ``log-batch`` request without MLflow's retries (seven, with
-    exponential backoff: minutes against a server that is down), within
-    ``timeout`` seconds, so that an outage is seen at once and retried by
-    the handler. ``None`` for other stores (their client call is used)."""
-    try:
-        from mlflow.protos.service_pb2 import LogBatch
-        from mlflow.store.tracking.rest_store import RestStore
-        from mlflow.utils.proto_json_utils import message_to_json
+class _Store:
+    """The calls that create a run: over HTTP without MLflow's retries
+    (``_Rest``), else the client's."""
+
+    def __init__(self, client: Any, rest: _Rest | None) -> None:
+        self.client = client
+        self.rest = rest
+
+    def experiment_id(self, name: str) -> str | None:
+        if self.rest is None:
+            found = self.client.get_experiment_by_name(name)
+            return None if found is None else str(found.experiment_id)
+        from mlflow.exceptions import MlflowException
+        from mlflow.protos.service_pb2 import GetExperimentByName
+
+        try:
+            got = self.rest.call(GetExperimentByName(experiment_name=name))
+        except MlflowException as exc:
+            if exc.error_code == "RESOURCE_DOES_NOT_EXIST":
+                return None
+            raise
+        return str(got.experiment.experiment_id)
+
+    def create_experiment(self, name: str) -> str:
+        if self.rest is None:
+            return str(self.client.create_experiment(name))
+        from mlflow.protos.service_pb2 import CreateExperiment
+
+        return str(self.rest.call(CreateExperiment(name=name)).experiment_id)
+
+    def create_run(self, experiment_id: str, tags: dict[str, str], name: str) -> str:
+        if self.rest is None:
+            return str(self.client.create_run(experiment_id, tags=tags, run_name=name).info.run_id)
+        import time
+
+        from mlflow.protos.service_pb2 import CreateRun, RunTag
+
+        request = CreateRun(
+            experiment_id=experiment_id,
+            user_id=tags.get("mlflow.user", "unknown"),
+            start_time=int(time.time() * 1000),
+            tags=[RunTag(key=k, value=v) for k, v in tags.items()],
+            run_name=name,
+        )
+        return str(self.rest.call(request).run.info.run_id)
+
+
+class _Rest:
+    """For an HTTP tracking server: one request per call, without MLflow's
+    retries (seven, with exponential backoff: minutes against a server that
+    answers 500 or is down), within ``timeout`` seconds, so that an outage
+    is seen at once and retried by the handler, and the constructor returns
+    in time."""
+
+    def __init__(self, store: Any, timeout: float) -> None:
+        self.store = store
+        self.timeout = timeout
+
+    def call(self, request: Any) -> Any:
+        from mlflow.utils.proto_json_utils import message_to_json, parse_dict
         from mlflow.utils.rest_utils import http_request, verify_rest_response
 
-        store = client._tracking_client.store
-        if not isinstance(store, RestStore):
-            return None
-        endpoint, method = store._METHOD_TO_INFO[LogBatch]
-    except Exception:  # another MLflow layout: its client, with its retries
-        return None
+        endpoint, method = self.store._METHOD_TO_INFO[type(request)]
+        body = json.loads(message_to_json(request))
+        response = http_request(  # type: ignore[no-untyped-call]
+            host_creds=self.store.get_host_creds(),
+            endpoint=endpoint,
+            method=method,
+            max_retries=0,
+            timeout=self.timeout,
+            **({"params": body} if method == "GET" else {"json": body}),
+        )
+        verify_rest_response(response, endpoint)
+        reply = type(request).Response()
+        parse_dict(js_dict=response.json(), message=reply)  # type: ignore[no-untyped-call]
+        return reply
 
-    def send(run_id: str, metrics: list[Any], tags: list[Any]) -> None:
-        body = message_to_json(
+    def log_batch(self, run_id: str, metrics: list[Any], tags: list[Any]) -> None:
+        from mlflow.protos.service_pb2 import LogBatch
+
+        self.call(
             LogBatch(
                 run_id=run_id,
                 metrics=[m.to_proto() for m in metrics],
                 tags=[t.to_proto() for t in tags],
             )
         )
-        response = http_request(  # type: ignore[no-untyped-call]
-            host_creds=store.get_host_creds(),
-            endpoint=endpoint,
-            method=method,
-            max_retries=0,
-            timeout=timeout,
-            json=json.loads(body),
-        )
-        verify_rest_response(response, endpoint)
 
-    return send
+
+def _rest_caller(client: Any, timeout: float) -> _Rest | None:
+    """``_Rest`` for an HTTP tracking server, ``None`` for other stores
+    (their client calls are used)."""
+    try:
+        from mlflow.protos.service_pb2 import LogBatch
+        from mlflow.store.tracking.rest_store import RestStore
+
+        store = client._tracking_client.store
+        if not isinstance(store, RestStore) or LogBatch not in store._METHOD_TO_INFO:
+            return None
+    except Exception:  # another MLflow layout: its client, with its retries
+        return None
+    return _Rest(store, timeout)

@@ -19,6 +19,7 @@ step_metric="torchmon/step")``): no window is dropped, whatever the rates.
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 from .._core import Event
@@ -90,6 +91,10 @@ class WandbEventHandler(TrackerEventHandler):
 
     _OWNER = _OWNER
     _renames_because = "W&B's define_metric refuses it as it is"
+    # wandb's run lives in the process that started it (its service
+    # connection and locks are not the child's: logging there fails or
+    # hangs); docs/sinks.md, "Fork and exit".
+    _fork_refused = "W&B cannot log to a run from a forked process"
     _tracker_key = staticmethod(wandb_key)
 
     __slots__ = (
@@ -139,7 +144,7 @@ class WandbEventHandler(TrackerEventHandler):
         self._name = name
         self._other_events = other_events
         self._defined: set[str] = set()
-        self._created = False
+        self._created = 0  # the pid of the process that started the run
         if run is None and project is None and group is None and name is None:
             run = wandb.run
         self._wb_run = run
@@ -189,7 +194,7 @@ class WandbEventHandler(TrackerEventHandler):
             config={**info.labels(), "host": info.host},
             tags=[f"rank{info.rank}", f"node{info.node}"],
         )
-        self._created = True
+        self._created = os.getpid()
 
     def _send(self, batch: list[Row]) -> None:
         run = self._wb_run
@@ -233,7 +238,7 @@ class WandbEventHandler(TrackerEventHandler):
         run.summary.update(latest)
 
     def _finish(self) -> None:
-        if self._created and self._wb_run is not None:
+        if self._created == os.getpid() and self._wb_run is not None:
             self._wb_run.finish()
 
     def __repr__(self) -> str:
