@@ -6,6 +6,7 @@ recovery, a bounded flush, the exit, and a forked child's empty queue."""
 from __future__ import annotations
 
 import os
+import threading
 import time
 from datetime import datetime, timedelta
 from typing import Any
@@ -184,3 +185,86 @@ def test_exit_delivers_after_local_sinks(tmp_path: Any) -> None:
     assert time.monotonic() - start < 15
     assert len((tmp_path / "e.jsonl").read_text().splitlines()) == 1
     assert result.stderr.count("were not delivered to the fake") == 1, result.stderr
+
+
+def test_burst_beyond_max_queue_counted_said_once_and_flush_false(
+    capfd: pytest.CaptureFixture[str],
+) -> None:
+    sink = Fake(max_queue=5)
+    sink.slow = 0.05  # a healthy tracker, slower than the burst
+    with registered(sink):
+        windows("b", [float(i) for i in range(40)])  # 41 windows at once
+        assert not sink.flush(10.0)  # every queued window went, but some were dropped
+        assert sink.pending == 0 and sink.dropped > 0
+        windows("c", [1.0])
+        assert sink.flush(10.0)  # none dropped since the previous flush
+    sink.close()
+    delivered = len(sink.rows())
+    assert delivered + sink.dropped == 41 + 2
+    err = capfd.readouterr().err
+    assert err.count("more than max_queue=5 windows wait for the fake") == 1, err
+    assert err.count(f"{sink.dropped} were dropped in all (max_queue=5)") == 1, err
+
+
+def test_exit_with_the_tracker_down_says_what_is_lost_and_dropped() -> None:
+    code = f"""
+    import sys
+    sys.path.insert(0, {TESTS!r})
+    from tracker_fake import Fake
+    from datetime import timedelta
+    import torchmon
+    from torchmon.testing import ManualClock
+    sink = Fake(export_timeout=0.5, retry_interval=0.05, max_queue=5)
+    sink.down.set()
+    torchmon.register_event_handler(sink)
+    with ManualClock(0) as clock:
+        stat = torchmon.Stat("x", [torchmon.Aggregation.MEAN], timedelta(seconds=1))
+        for i in range(21):
+            stat.add(float(i))
+            clock.advance(1000)
+    """
+    result = run_python(code)
+    assert result.returncode == 0, result.stderr
+    err = result.stderr
+    assert "stay queued" not in err, err
+    # 20 windows closed by the adds and the open one emitted at exit: 5
+    # kept, 16 dropped.
+    want = "5 windows still queued were not delivered and are lost; 16 were dropped in all"
+    assert err.count(want) == 1, err
+
+
+def test_flush_with_timeout_each_step_during_an_outage_one_helper(
+    capfd: pytest.CaptureFixture[str],
+) -> None:
+    sink = Fake(retry_interval=0.5)
+    sink.down.set()
+    most = 0
+    with registered(sink):
+        stat = Stat("z", [Aggregation.MEAN], timedelta(hours=1))
+        end = time.monotonic() + 3.0
+        while time.monotonic() < end:
+            stat.add(1.0)
+            torchmon.flush(timeout=0)
+            helpers = [t for t in threading.enumerate() if t.name == "torchmon-flush"]
+            most = max(most, len(helpers))
+            time.sleep(0.005)
+        sink.down.clear()
+        assert sink.flush(10.0) or sink.dropped
+    sink.close()
+    assert most <= 1
+    lines = [line for line in capfd.readouterr().err.splitlines() if "FakeTracker" in line]
+    # The outage's line and the recovery's (the one below could come too).
+    assert len(lines) <= 3, lines
+
+
+def test_torchmon_flush_false_when_a_tracker_flush_times_out() -> None:
+    sink = Fake(export_timeout=0.2)
+    sink.slow = 1.0
+    with registered(sink):
+        stat = Stat("w", [Aggregation.MEAN], timedelta(hours=1))
+        stat.add(1.0)
+        assert torchmon.flush() is False
+        assert sink.flush(5.0)
+        sink.slow = 0.0
+        assert torchmon.flush() is True
+    sink.close()

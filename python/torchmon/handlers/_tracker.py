@@ -138,6 +138,7 @@ class TrackerEventHandler(ClosesAtExit):
         "_failures",
         "_flushed_drops",
         "_idle",
+        "_in_flight_popped",
         "_last_ok",
         "_lock",
         "_maker_pid",
@@ -148,6 +149,7 @@ class TrackerEventHandler(ClosesAtExit):
         "_renamed",
         "_reported_rename",
         "_retry_interval",
+        "_sending_end",
         "_sleeping",
         "_slow_said",
         "_started",
@@ -198,6 +200,8 @@ class TrackerEventHandler(ClosesAtExit):
         self._windows: dict[str, int] = {}  # Stat name -> windows seen (the default step)
         self._dropped = 0
         self._outage_dropped = 0
+        self._sending_end = 0  # the sequence number after the batch being sent
+        self._in_flight_popped = 0  # items of that batch popped by a full queue
         self._flushed_drops = 0  # _dropped when a flush last returned
         self._drops_said = False
         self._slow_said = False
@@ -266,8 +270,11 @@ class TrackerEventHandler(ClosesAtExit):
             full = len(queue) >= self._max_queue
             if full:
                 queue.popleft()
-                self._dropped += 1
-                self._outage_dropped += 1
+                if self._delivered < self._sending_end:
+                    self._in_flight_popped += 1  # dropped only if its send fails
+                else:
+                    self._dropped += 1
+                    self._outage_dropped += 1
                 self._delivered += 1
             queue.append(item)
             self._enqueued += 1
@@ -336,6 +343,7 @@ class TrackerEventHandler(ClosesAtExit):
                     break
                 others.append(item)
             taken += 1
+        self._sending_end = first + taken
         return rows, others, first + taken
 
     def _deliver_once(self) -> bool:
@@ -352,9 +360,15 @@ class TrackerEventHandler(ClosesAtExit):
             if others:
                 self._send_others(others)
         except Exception as exc:
+            with self._lock:
+                self._dropped += self._in_flight_popped
+                self._outage_dropped += self._in_flight_popped
+                self._in_flight_popped = 0
+                self._sending_end = 0
             self._report_failure(exc)
             return False
         with self._lock:
+            self._in_flight_popped = 0
             # _delivered is the sequence number of the queue's head (the
             # oldest items dropped meanwhile count too).
             queue = self._queue
