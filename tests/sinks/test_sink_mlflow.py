@@ -7,6 +7,7 @@ the import rules (docs/sinks.md, "MLflow")."""
 
 from __future__ import annotations
 
+import hashlib
 import math
 import socket
 import subprocess
@@ -33,6 +34,11 @@ def store(tmp_path_factory: pytest.TempPathFactory) -> str:
     """One sqlite store for the module (creating one costs seconds)."""
     path = tmp_path_factory.mktemp("mlflow") / "mlflow.db"
     return f"sqlite:///{path}"
+
+
+def digest(key: str) -> str:
+    """The 8 hex digits a renamed key carries (docs/sinks.md, "MLflow")."""
+    return hashlib.sha256(key.encode()).hexdigest()[:8]
 
 
 def histories(uri: str, run_id: str) -> dict[str, list[tuple[float, int, int]]]:
@@ -122,12 +128,31 @@ def test_step_callable_nan_inf_and_renamed_key(
             emit_open_windows(stat)
     sink.close()
     got = histories(store, sink.run_id)  # type: ignore[arg-type]
-    values = [(v, s) for v, s, _ in got["odd key_.mean"]]
+    values = [(v, s) for v, s, _ in got[f"odd key_-{digest('odd key!.mean')}.mean"]]
     # NaN is kept; the sqlite store keeps an infinity as +-DBL_MAX.
     assert math.isnan(values[0][0]) and values[0][1] == 100
     assert values[1:] == [(sys.float_info.max, 200), (-sys.float_info.max, 300), (1.5, 400)]
     err = capfd.readouterr().err
-    assert err.count("key 'odd key!.mean' sent as 'odd key_.mean'") == 1
+    assert err.count(f"key 'odd key!.mean' sent as 'odd key_-{digest('odd key!.mean')}.mean'") == 1
+
+
+def test_keys_renamed_alike_stay_distinct(store: str, capfd: pytest.CaptureFixture[str]) -> None:
+    sink = torchmon.MLflowEventHandler(store, experiment_name="alike")
+    with registered(sink):
+        comma = Stat("loss,a", [Aggregation.MEAN], timedelta(hours=1))
+        semicolon = Stat("loss;a", [Aggregation.MEAN], timedelta(hours=1))
+        for i in range(3):
+            comma.add(float(i))
+            semicolon.add(100.0 + i)
+            emit_open_windows(comma, semicolon)
+        assert sink.flush(10.0)
+    sink.close()
+    got = histories(store, sink.run_id)  # type: ignore[arg-type]
+    assert {k: [v for v, _, _ in rows] for k, rows in got.items()} == {
+        f"loss_a-{digest('loss,a.mean')}.mean": [0.0, 1.0, 2.0],
+        f"loss_a-{digest('loss;a.mean')}.mean": [100.0, 101.0, 102.0],
+    }
+    assert capfd.readouterr().err.count("sent as") == 1
 
 
 def test_other_events_become_tags(store: str) -> None:
@@ -193,11 +218,11 @@ def test_unreachable_at_construction(capfd: pytest.CaptureFixture[str]) -> None:
 def test_mlflow_key() -> None:
     assert mlflow_key("train.loss.mean") == "train.loss.mean"
     assert mlflow_key("a/b c:d-e_f.p99") == "a/b c:d-e_f.p99"
-    assert mlflow_key("a!b") == "a_b"
-    assert mlflow_key("/abs") == "_abs"
-    assert mlflow_key("a//b") == "a__b"
-    assert mlflow_key("..x") == "_..x"
-    assert mlflow_key("") == "_"
+    assert mlflow_key("a!b.mean") == f"a_b-{digest('a!b.mean')}.mean"
+    assert mlflow_key("/abs") == f"_abs-{digest('/abs')}"
+    assert mlflow_key("a//b") == f"a__b-{digest('a//b')}"
+    assert mlflow_key("..x") == f"_.-{digest('..x')}.x"
+    assert mlflow_key("") == f"_-{digest('')}"
     long = mlflow_key("x" * 300 + ".mean")
     assert len(long) == 250 and long.endswith(".mean")
     assert mlflow_key("x" * 300 + ".max") != mlflow_key("x" * 301 + ".max")

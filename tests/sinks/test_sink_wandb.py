@@ -9,6 +9,8 @@ summary, bounded flush and close, the sender thread alone calling
 
 from __future__ import annotations
 
+import hashlib
+import json
 import math
 import subprocess
 import sys
@@ -56,6 +58,11 @@ def offline_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     for name, value in env.items():
         monkeypatch.setenv(name, value)
     return tmp_path
+
+
+def digest(key: str) -> str:
+    """The 8 hex digits a renamed key carries (docs/sinks.md, "W&B")."""
+    return hashlib.sha256(key.encode()).hexdigest()[:8]
 
 
 def run_dir(run: Any) -> Path:
@@ -256,12 +263,14 @@ def test_renamed_key(offline_env: Path, capfd: pytest.CaptureFixture[str]) -> No
     sink.close()
     run.finish()
     rows = read_history(run_dir(run))
-    assert rows[0]["a_b.mean"] == 1 and rows[0][STEP_METRIC] == 7
+    name = f"a_b-{digest('a*b.mean')}.mean"
+    assert rows[0][name] == 1 and rows[0][STEP_METRIC] == 7
     err = capfd.readouterr().err
-    assert err.count("key 'a*b.mean' sent as 'a_b.mean'") == 1
+    assert err.count(f"key 'a*b.mean' sent as '{name}'") == 1
     assert "a*b.max" not in err
     assert wandb_key("train.loss.p99") == "train.loss.p99"
-    assert wandb_key("a\\b*") == "a_b_"
+    assert wandb_key("a\\b*") == "a_b_-" + digest("a\\b*")
+    assert wandb_key("a*b.mean") != wandb_key("a\\b.mean") != "a_b.mean"
 
 
 def test_flush_and_close_are_bounded(offline_env: Path) -> None:
@@ -352,3 +361,42 @@ def test_windows_at_exit_delivered(tmp_path: Path) -> None:
     assert out.returncode == 0, out.stderr
     rows = read_history(Path(out.stdout.strip().splitlines()[-1]).parent)
     assert [(r["a.mean"], r[STEP_METRIC]) for r in rows] == [(4, 1)]
+
+
+def test_forked_child_one_line_counted_bounded(offline_env: Path) -> None:
+    """A multiprocessing fork child logging through the parent's handler:
+    W&B cannot share the run across a fork, so the child's windows are
+    dropped, counted and said in one line; the child ends promptly and the
+    parent's run keeps its own windows (docs/sinks.md, "Fork and exit")."""
+    code = (
+        "import json, multiprocessing, sys, time\n"
+        "from datetime import timedelta\n"
+        "import torchmon\n"
+        "sink = torchmon.WandbEventHandler(project='torchmon-test')\n"
+        "torchmon.register_event_handler(sink)\n"
+        "s = torchmon.Stat('parent', [torchmon.Aggregation.MEAN], timedelta(hours=1))\n"
+        "s.add(1.0)\n"
+        "torchmon.flush()\n"
+        "def child():\n"
+        "    own = torchmon.Stat('child', [torchmon.Aggregation.MEAN], timedelta(hours=1))\n"
+        "    for v in (1.0, 2.0, 3.0):\n"
+        "        own.add(v)\n"
+        "        torchmon.flush()\n"
+        "    print(json.dumps({'dropped': sink.dropped, 'pending': sink.pending}), flush=True)\n"
+        "p = multiprocessing.get_context('fork').Process(target=child)\n"
+        "start = time.monotonic()\n"
+        "p.start(); p.join(60)\n"
+        "print(json.dumps({'exitcode': p.exitcode, 'seconds': time.monotonic() - start}))\n"
+        "print(sink.run.dir)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.strip().splitlines()
+    child = json.loads(next(line for line in lines if line.startswith('{"dropped"')))
+    parent = json.loads(next(line for line in lines if line.startswith('{"exitcode"')))
+    assert child == {"dropped": 3, "pending": 0}
+    assert parent["exitcode"] == 0 and parent["seconds"] < 30
+    line = "this forked child's windows are not sent to W&B (W&B cannot log to a run"
+    assert out.stderr.count(line) == 1, out.stderr
+    rows = read_history(Path(lines[-1]).parent)
+    assert [(r["parent.mean"], r[STEP_METRIC]) for r in rows] == [(1, 1)]

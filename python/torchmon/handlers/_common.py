@@ -83,12 +83,14 @@ def stat_description(key: str) -> str:
     return f"torchmon Stat value {key!r}"
 
 
-def shortened(name: str, key: str, limit: int) -> str:
+def shortened(name: str, key: str, limit: int, *, tagged: bool = False) -> str:
     """``name``, a sink's name of Stat key ``key``, within ``limit``
     characters: a longer one keeps its last ``.<suffix>`` (the aggregation:
     ``.mean``, ``.p99``) and the start of the rest, joined by ``-`` and 8 hex
-    digits of the key's SHA-256, so that every key keeps a name of its own."""
-    if len(name) <= limit:
+    digits of the key's SHA-256, so that every key keeps a name of its own.
+    ``tagged``: those digits go in whatever the length (a renamed key: two
+    keys renamed alike stay distinct)."""
+    if len(name) <= limit and not tagged:
         return name
     import hashlib  # only here: `import torchmon` stays fast (docs/performance.md)
 

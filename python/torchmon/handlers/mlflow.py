@@ -47,9 +47,10 @@ def mlflow_key(key: str) -> str:
     ``/`` (and no path that ``posixpath.normpath`` would change: ``a//b``,
     ``/a``, ``..``), at most 250 characters. Any other character becomes
     ``_``; a key that still is such a path has its ``/`` replaced too, and
-    ``_`` put in front when it is empty or starts with ``..``; a longer key
-    keeps its start and last ``.<suffix>`` (the aggregation), joined by
-    ``-`` and 8 hex digits of the key's SHA-256.
+    ``_`` put in front when it is empty or starts with ``..``. A key so
+    renamed gets ``-`` and 8 hex digits of its SHA-256 before its last
+    ``.<suffix>`` (the aggregation), so that ``loss,a`` and ``loss;a`` stay
+    two metrics; a longer key keeps its start, the digits and that suffix.
     """
     name = _INVALID_KEY_CHAR.sub("_", key)
     norm = posixpath.normpath(name)
@@ -57,7 +58,7 @@ def mlflow_key(key: str) -> str:
         name = name.replace("/", "_")
         if not name or name == "." or name.startswith(".."):
             name = "_" + name
-    return shortened(name, key, _MAX_KEY)
+    return shortened(name, key, _MAX_KEY, tagged=name != key)
 
 
 def _check_tag_key(key: str) -> None:

@@ -24,7 +24,7 @@ from typing import Any
 
 from .._core import Event
 from .._errors import arg_type_error, arg_value_error
-from ._common import require
+from ._common import require, shortened
 from ._tracker import (
     DEFAULT_BATCH_SIZE,
     DEFAULT_MAX_QUEUE,
@@ -48,9 +48,12 @@ def wandb_key(key: str) -> str:
     ``run.log`` keeps any non-empty key, but ``run.define_metric`` (which
     makes ``torchmon/step`` the key's x-axis) refuses a ``*`` that is not
     the last character and reads a final ``*`` as a glob and ``\\`` as an
-    escape: both become ``_``.
+    escape: both become ``_``, and the key gets ``-`` and 8 hex digits of
+    its SHA-256 before its last ``.<suffix>``, so that ``a*b`` and ``a_b``
+    stay two keys.
     """
-    return key.replace("*", "_").replace("\\", "_")
+    name = key.replace("*", "_").replace("\\", "_")
+    return name if name == key else shortened(name, key, len(name) + 9, tagged=True)
 
 
 def _metric_name(key: str) -> str:
