@@ -4,7 +4,10 @@ Run:  python examples/hf_trainer.py [--log-dir DIR] [--steps N]
       torchrun --nproc-per-node=2 examples/hf_trainer.py --log-dir DIR   (2 ranks, gloo)
 
 Needs transformers, accelerate (``pip install ".[transformers]"`` in the
-torchmon checkout) and torch. The model is built
+torchmon checkout) and torch. In a venv without torch, install the CPU
+torch first (``pip install torch --index-url
+https://download.pytorch.org/whl/cpu``): accelerate requires torch, and pip
+would otherwise pull the default CUDA build and its CUDA packages. The model is built
 from a config in code and the data are random tokens, so nothing is
 downloaded. The one torchmon line is ``callbacks=[TorchmonCallback(log_dir)]``:
 step times, data times, tokens per second and every value the Trainer logs

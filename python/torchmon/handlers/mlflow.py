@@ -99,7 +99,9 @@ class MLflowEventHandler(TrackerEventHandler):
       (``None``: ``rank<rank>``, prefixed by ``<job>-`` under torchrun),
       tagged with ``torchmon.rank_info().labels()`` (``rank``,
       ``local_rank``, ``node``, ``job``), ``host`` and ``tags``; it ends that
-      run (``FINISHED``) at :meth:`close` and at exit.
+      run (``FINISHED``) at :meth:`close` and at exit. The run is created
+      by the sender thread; the constructor waits for it at most
+      ``min(export_timeout, 5)`` seconds (``run_id`` is ``None`` until then).
     - ``step``: ``None``: the window's number per Stat (1, 2, 3...); or a
       callable returning the step (``lambda: global_step``), called when
       the window closes.
