@@ -14,7 +14,7 @@ use pyo3::types::{PyDict, PyString, PyTuple};
 
 use crate::py_convert::arg_value_error;
 use crate::py_stat::Stat;
-use torchmon_core::watchdog::{Config, Report, SectionTimer, Shared, Watchdog};
+use torchmon_core::watchdog::{Config, Report, Shared, Watchdog};
 
 const CALL: &str = "Watchdog";
 
@@ -142,12 +142,12 @@ impl PyWatchdog {
         }
         let stat = slf.call_method1("_section_stat", (name,))?;
         let stat = stat.cast_into::<Stat>()?.unbind();
-        let timer = SectionTimer::new(&started.shared, name.to_str()?);
+        let index = started.shared.sections().index(name.to_str()?);
         let section = Bound::new(
             slf.py(),
             PySection {
                 shared: Arc::clone(&started.shared),
-                timer,
+                index,
                 stat,
             },
         )?;
@@ -212,17 +212,18 @@ impl PyWatchdog {
 }
 
 /// A section's `with` block: its time added to the Stat `section.<name>`.
+/// One per name, used by every thread: the core times it per thread.
 #[pyclass(name = "_Section", module = "torchmon", frozen)]
 pub struct PySection {
     shared: Arc<Shared>,
-    timer: SectionTimer,
+    index: u32,
     stat: Py<Stat>,
 }
 
 #[pymethods]
 impl PySection {
     fn __enter__(&self) {
-        self.timer.enter(&self.shared);
+        self.shared.sections().enter(self.index);
     }
 
     fn __exit__(
@@ -232,9 +233,12 @@ impl PySection {
         _value: &Bound<'_, PyAny>,
         _traceback: &Bound<'_, PyAny>,
     ) -> PyResult<bool> {
-        let seconds = self.timer.exit(&self.shared);
-        let stat = self.stat.get();
-        stat.emit_closed(py, &stat.record(seconds))?;
+        // Not open on this thread (an `__exit__` on another thread than its
+        // `__enter__`): no time to record.
+        if let Some(seconds) = self.shared.sections().exit(self.index) {
+            let stat = self.stat.get();
+            stat.emit_closed(py, &stat.record(seconds))?;
+        }
         Ok(false)
     }
 
@@ -246,10 +250,18 @@ impl PySection {
 }
 
 /// Dumps go through faulthandler, registered by the package for `signal` on
-/// `fd` (every thread).
+/// `fd` (every thread), just now; they hold the GIL when they can get it
+/// (`hold_gil`).
 #[pyfunction]
 pub fn _set_stack_dumper(signal: i32, fd: i32) -> PyResult<()> {
-    torchmon_core::watchdog::set_stack_dumper(signal, fd).map_err(PyErr::from)
+    torchmon_core::watchdog::set_stack_dumper(signal, fd, Some(hold_gil)).map_err(PyErr::from)
+}
+
+/// The core's `HoldInterpreterLock`: runs `held` on the calling thread (a
+/// helper of the watchdog's) holding the GIL; false when the interpreter is
+/// finalizing (`try_attach`).
+fn hold_gil(held: &mut dyn FnMut()) -> bool {
+    Python::try_attach(|_py| held()).is_some()
 }
 
 /// Whether a handler other than the default is installed for `signal`, in

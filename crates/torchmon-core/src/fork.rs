@@ -14,7 +14,8 @@
 
 /// In a forked child: empties the open window of every live Stat (see
 /// `Stat::reset_after_fork`), then gives the torch wait counters a new
-/// delivery queue (`wait_counter`). Returns how many Stats had samples in
+/// delivery queue (`wait_counter`), then replaces the watchdog's
+/// process-wide locks (`watchdog::reset_after_fork`). Returns how many Stats had samples in
 /// their open window.
 ///
 /// Only the forking thread exists in the child. A lock that another parent
@@ -23,5 +24,6 @@
 pub fn after_fork_in_child() -> usize {
     let discarded = crate::stat::live::reset_after_fork();
     crate::wait_counter::reset_after_fork();
+    crate::watchdog::reset_after_fork();
     discarded
 }

@@ -19,6 +19,7 @@ pub mod exit_gate;
 // Not under loom: its models run no fork, and loom's Mutex has no try_lock.
 #[cfg(not(loom))]
 pub mod fork;
+pub mod fork_safe;
 pub mod histogram;
 pub mod prometheus;
 pub mod prometheus_server;

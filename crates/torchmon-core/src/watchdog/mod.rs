@@ -12,20 +12,18 @@
 //! counts, nor the interval that spans it; nor does the interval of a
 //! reported hang.
 //!
-//! The stacks are written by CPython's faulthandler, whose signal handler
-//! walks the interpreter's thread states without the GIL: the embedder
-//! registers it for one signal on a file descriptor (`set_stack_dumper`),
-//! and a dump points that descriptor at the dump file (`dup2`) and raises the
-//! signal on the watchdog's own thread, so the handler has run when `raise`
-//! returns. So a stack is taken even while a C call holds the GIL.
+//! The stacks are written by CPython's faulthandler (`stack_dump`), even
+//! while a C call holds the GIL; sections are timed per thread, and a hang
+//! names the open section of the thread that beat last (`sections`).
 //!
 //! Fork: a child has a copy of each `Watchdog` but not its thread; every
 //! watchdog carries the pid that started it, and in another process it
-//! neither reports nor joins (`close`) nor shows in the beat-age gauge.
+//! neither reports nor joins (`close`) nor shows in the beat-age gauge. The
+//! process-wide locks its threads take are replaced in the child
+//! (`reset_after_fork`).
 
 use std::fs::File;
 use std::io::Write;
-use std::os::fd::AsRawFd;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
@@ -35,6 +33,13 @@ use std::time::Duration;
 use parking_lot::{Condvar, Mutex};
 
 use crate::clock;
+use crate::fork_safe::ForkSafeMutex;
+
+mod sections;
+mod stack_dump;
+
+pub use sections::Sections;
+pub use stack_dump::{GIL_WAIT, HoldInterpreterLock, set_stack_dumper, signal_is_taken};
 
 /// The beat intervals kept for the p99: the last this many.
 pub const KEPT_INTERVALS: usize = 1024;
@@ -134,92 +139,6 @@ pub enum Report {
     Resumed { stalled_ms: i64, beats: u64 },
 }
 
-/// Where the stacks of a hang go: the process's faulthandler registration.
-struct StackDumper {
-    signal: i32,
-    /// The descriptor faulthandler writes to; between dumps a copy of what
-    /// it was given (`/dev/null`).
-    target_fd: i32,
-    idle_fd: i32,
-}
-
-/// One per process: faulthandler holds one descriptor per signal. Its lock
-/// also keeps two watchdogs' dumps apart.
-static STACK_DUMPER: Mutex<Option<StackDumper>> = Mutex::new(None);
-
-/// Sets where stacks are dumped: faulthandler was registered for `signal` on
-/// `target_fd` (all threads). The descriptor is duplicated now, so that it
-/// can be pointed back at what it was after each dump.
-pub fn set_stack_dumper(signal: i32, target_fd: i32) -> std::io::Result<()> {
-    // SAFETY: `dup` only reads the descriptor table; an invalid descriptor
-    // gives -1, handled below.
-    let idle_fd = unsafe { libc::dup(target_fd) };
-    if idle_fd < 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    let previous = STACK_DUMPER.lock().replace(StackDumper {
-        signal,
-        target_fd,
-        idle_fd,
-    });
-    if let Some(previous) = previous {
-        // SAFETY: `idle_fd` was made by `dup` above for this table entry
-        // and is used by nobody else once the entry is replaced.
-        unsafe { libc::close(previous.idle_fd) };
-    }
-    Ok(())
-}
-
-/// Whether a C handler other than the default is installed for `signal`
-/// (a handler faulthandler would silently replace).
-pub fn signal_is_taken(signal: i32) -> bool {
-    // SAFETY: an all-zero sigaction is a valid value to be overwritten, and
-    // with a null new action `sigaction` only reads the current one into it.
-    let mut current: libc::sigaction = unsafe { std::mem::zeroed() };
-    // SAFETY: as above: `current` is exclusively borrowed, `act` is null.
-    let status = unsafe { libc::sigaction(signal, std::ptr::null(), &mut current) };
-    status != 0 || current.sa_sigaction != libc::SIG_DFL
-}
-
-/// Writes every Python thread's stack into `file` through the registered
-/// faulthandler; false if there is none.
-fn dump_stacks(file: &File) -> bool {
-    let dumper = STACK_DUMPER.lock();
-    let Some(dumper) = dumper.as_ref() else {
-        return false;
-    };
-    unblock(dumper.signal);
-    // SAFETY: both descriptors are open (the file is borrowed for the call;
-    // `target_fd` is held open by the embedder's faulthandler registration,
-    // `idle_fd` by the table). `dup2` replaces `target_fd` atomically, and the
-    // only other user of `target_fd` is faulthandler's handler, which runs
-    // only for the signal raised here, on this thread, while the lock keeps
-    // other dumps out. `raise` delivers to the calling thread, whose mask
-    // `unblock` has just cleared of the signal (the core's threads start with
-    // it blocked: crate::threads), so the handler has run when it returns.
-    unsafe {
-        if libc::dup2(file.as_raw_fd(), dumper.target_fd) < 0 {
-            return false;
-        }
-        libc::raise(dumper.signal);
-        libc::dup2(dumper.idle_fd, dumper.target_fd);
-    }
-    true
-}
-
-/// Unblocks `signal` for the calling thread (a thread inherits its
-/// creator's mask, which a program may have set).
-fn unblock(signal: i32) {
-    // SAFETY: the set is initialised by `sigemptyset` before use, and
-    // `pthread_sigmask` only changes the calling thread's mask.
-    unsafe {
-        let mut set: libc::sigset_t = std::mem::zeroed();
-        libc::sigemptyset(&mut set);
-        libc::sigaddset(&mut set, signal);
-        libc::pthread_sigmask(libc::SIG_UNBLOCK, &set, std::ptr::null_mut());
-    }
-}
-
 fn pid() -> u32 {
     std::process::id()
 }
@@ -240,9 +159,7 @@ pub struct Shared {
     intervals: Box<[AtomicU32]>,
     next_interval: AtomicU64,
     paused: AtomicU32,
-    /// The open section: an index into `sections` plus one, 0 for none.
-    open_section: AtomicU32,
-    sections: Mutex<Vec<String>>,
+    sections: Sections,
     /// Set by `close`; an atomic, so that a forked child's `close` (whose
     /// copy of `sleeping` a parent thread may have held at the fork) takes
     /// no lock.
@@ -266,8 +183,7 @@ impl Shared {
             intervals: (0..KEPT_INTERVALS).map(|_| AtomicU32::new(0)).collect(),
             next_interval: AtomicU64::new(0),
             paused: AtomicU32::new(0),
-            open_section: AtomicU32::new(0),
-            sections: Mutex::new(Vec::new()),
+            sections: Sections::default(),
             stopped: AtomicBool::new(false),
             sleeping: Mutex::new(()),
             wake: Condvar::new(),
@@ -285,6 +201,7 @@ impl Shared {
         let now = clock::now_ms_for_window(clock::COARSE_CLOCK_MIN_WINDOW_MS);
         let previous = self.last_beat_ms.load(Ordering::Relaxed);
         self.last_beat_ms.store(now, Ordering::Relaxed);
+        self.sections.beat_on_this_thread();
         let beats = self.beats.load(Ordering::Relaxed) + 1;
         self.beats.store(beats, Ordering::Relaxed);
         if beats <= self.config.warmup_beats {
@@ -324,39 +241,14 @@ impl Shared {
         self.paused.load(Ordering::Acquire) > 0
     }
 
-    /// The index of section `name`, made on first use.
-    pub fn section_index(&self, name: &str) -> u32 {
-        let mut sections = self.sections.lock();
-        let index = match sections.iter().position(|known| known == name) {
-            Some(index) => index,
-            None => {
-                sections.push(name.to_owned());
-                sections.len() - 1
-            }
-        };
-        index as u32
+    /// The sections, timed per thread.
+    pub fn sections(&self) -> &Sections {
+        &self.sections
     }
 
-    /// Marks section `index` open; returns the one it replaces (for `leave`).
-    #[inline]
-    pub fn enter(&self, index: u32) -> u32 {
-        self.open_section.swap(index + 1, Ordering::Relaxed)
-    }
-
-    /// Restores the section that was open before `enter`.
-    #[inline]
-    pub fn leave(&self, previous: u32) {
-        self.open_section.store(previous, Ordering::Relaxed);
-    }
-
+    /// The section a hang names now ("" if none).
     pub fn open_section(&self) -> String {
-        match self.open_section.load(Ordering::Relaxed) {
-            0 => String::new(),
-            open => (self.sections.lock())
-                .get(open as usize - 1)
-                .cloned()
-                .unwrap_or_default(),
-        }
+        self.sections.hung_section()
     }
 
     /// The p99 of the kept beat intervals, if any was kept.
@@ -410,14 +302,16 @@ impl Shared {
     fn write_dump(&self, stalled_ms: i64, timeout_ms: i64, section: &str) -> Option<PathBuf> {
         let dir = self.dump_dir.as_ref()?;
         let mut path = dir.join(format!("hang-rank{}-pid{}-N.txt", self.rank, self.pid));
+        let mut created_file = false;
         let written = std::fs::create_dir_all(dir).and_then(|()| {
             let (mut file, created) = create_dump_file(dir, self.rank, self.pid)?;
             path = created;
+            created_file = true;
             writeln!(
                 file,
                 "torchmon watchdog: rank {} (pid {}) made no step for {:.1} s \
                  (timeout {:.1} s), in section {:?}, after {} steps.\n\
-                 Stacks of every Python thread, most recent call first:\n",
+                 Stacks of every Python thread, most recent call first.",
                 self.rank,
                 self.pid,
                 stalled_ms as f64 / 1000.0,
@@ -425,15 +319,16 @@ impl Shared {
                 section,
                 self.beats(),
             )?;
-            file.flush()?;
-            if !dump_stacks(&file) {
-                writeln!(file, "(no stack dumper registered)")?;
-            }
-            Ok(())
+            stack_dump::dump_stacks(&mut file)
         });
         match written {
             Ok(()) => Some(path),
             Err(err) => {
+                // Not a file that looks like a dump and holds nothing (a
+                // full disk): the file this dump created goes.
+                if created_file {
+                    let _ = std::fs::remove_file(&path);
+                }
                 eprintln!(
                     "torchmon: the watchdog could not write its dump to {}: {err}",
                     path.display()
@@ -470,43 +365,22 @@ fn create_dump_file(
     }
 }
 
-/// The time spent in one section (`torchmon.Watchdog.section`): its start,
-/// and the section open before it, for the section a hang names.
-pub struct SectionTimer {
-    index: u32,
-    started_ns: AtomicU64,
-    previous: AtomicU32,
-}
-
-impl SectionTimer {
-    pub fn new(shared: &Shared, name: &str) -> SectionTimer {
-        SectionTimer {
-            index: shared.section_index(name),
-            started_ns: AtomicU64::new(0),
-            previous: AtomicU32::new(0),
-        }
-    }
-
-    #[inline]
-    pub fn enter(&self, shared: &Shared) {
-        self.previous
-            .store(shared.enter(self.index), Ordering::Relaxed);
-        self.started_ns
-            .store(clock::monotonic_ns(), Ordering::Relaxed);
-    }
-
-    /// Closes the section; returns the seconds spent in it.
-    #[inline]
-    pub fn exit(&self, shared: &Shared) -> f64 {
-        let elapsed_ns =
-            clock::monotonic_ns().saturating_sub(self.started_ns.load(Ordering::Relaxed));
-        shared.leave(self.previous.load(Ordering::Relaxed));
-        elapsed_ns as f64 * 1e-9
-    }
-}
-
 /// The process's watchdogs, for the beat-age gauge.
-static WATCHDOGS: Mutex<Vec<Weak<Shared>>> = Mutex::new(Vec::new());
+/// Held by the Prometheus server's thread while it renders, so a forked
+/// child gets a new one (`reset_after_fork`).
+static WATCHDOGS: ForkSafeMutex<Vec<Weak<Shared>>> = ForkSafeMutex::new(Vec::new);
+
+/// In a forked child (`fork::after_fork_in_child`): the watchdog locks that
+/// the parent's threads take without the GIL are replaced (the list of
+/// watchdogs starts empty: the parent's run in the parent), and the dump
+/// registration is carried over (`stack_dump::reset_after_fork`).
+pub(crate) fn reset_after_fork() {
+    // SAFETY: called by `fork::after_fork_in_child`, on the forking thread
+    // of a new child before it starts a thread, holding no guard; the old
+    // list is not read.
+    unsafe { WATCHDOGS.replace_in_child(|_| Vec::new()) };
+    stack_dump::reset_after_fork();
+}
 
 /// The longest time in seconds since a beat over this process's running
 /// watchdogs, or `None` without one: the gauge a scrape renders without
@@ -528,6 +402,33 @@ pub struct Watchdog {
     shared: Arc<Shared>,
     thread: Mutex<Option<JoinHandle<()>>>,
     delivery: Mutex<Option<JoinHandle<()>>>,
+    delivered: Arc<Done>,
+}
+
+/// How long `close` waits for the reports found before it to be delivered.
+pub const DELIVERY_WAIT: Duration = Duration::from_secs(5);
+
+/// Set once, by the delivering thread as it ends.
+#[derive(Default)]
+struct Done {
+    done: Mutex<bool>,
+    changed: Condvar,
+}
+
+impl Done {
+    fn set(&self) {
+        *self.done.lock() = true;
+        self.changed.notify_all();
+    }
+
+    /// Whether it was set, waiting at most `wait`.
+    fn wait(&self, wait: Duration) -> bool {
+        let mut done = self.done.lock();
+        if !*done {
+            self.changed.wait_for(&mut done, wait);
+        }
+        *done
+    }
 }
 
 impl Watchdog {
@@ -546,10 +447,13 @@ impl Watchdog {
         let shared = Arc::new(Shared::new(config, rank, dump_dir, now));
         let (sender, receiver) = std::sync::mpsc::channel::<Report>();
         let builder = std::thread::Builder::new().name("torchmon-wd-report".into());
+        let delivered = Arc::new(Done::default());
+        let done = Arc::clone(&delivered);
         let delivery = crate::threads::spawn(builder, move || {
-            for delivered in receiver {
-                report(delivered);
+            for found in receiver {
+                report(found);
             }
+            done.set();
         })?;
         let watched = Arc::clone(&shared);
         let builder = std::thread::Builder::new().name("torchmon-watchdog".into());
@@ -565,6 +469,7 @@ impl Watchdog {
             shared,
             thread: Mutex::new(Some(thread)),
             delivery: Mutex::new(Some(delivery)),
+            delivered,
         })
     }
 
@@ -591,12 +496,23 @@ impl Watchdog {
             let _ = thread.join();
         }
         // The watchdog's thread is gone, and with it the sender: the
-        // delivering thread ends once it delivered what was sent.
+        // delivering thread ends once it delivered what was sent, unless a
+        // report is stuck (a handler waiting for a lock the closing thread
+        // holds, at exit): then it is left behind after `DELIVERY_WAIT`.
         let delivery = self.delivery.lock().take();
         if let Some(delivery) = delivery
             && delivery.thread().id() != std::thread::current().id()
         {
-            let _ = delivery.join();
+            if self.delivered.wait(DELIVERY_WAIT) {
+                let _ = delivery.join();
+            } else {
+                eprintln!(
+                    "torchmon: a watchdog report (a handler of torchmon.hang or \
+                     torchmon.resumed) did not finish within {} s; the watchdog closes \
+                     without it",
+                    DELIVERY_WAIT.as_secs()
+                );
+            }
         }
     }
 
@@ -608,9 +524,8 @@ impl Watchdog {
 /// The watchdog's thread: every `POLL_MS`, a hang once the beats stopped for
 /// longer than the timeout, then a resumption once they come back.
 fn watch(shared: &Shared, report: impl Fn(Report)) {
-    let dumper_signal = STACK_DUMPER.lock().as_ref().map(|dumper| dumper.signal);
-    if let Some(signal) = dumper_signal {
-        unblock(signal);
+    if let Some(signal) = stack_dump::dump_signal() {
+        stack_dump::unblock(signal);
     }
     // While a hang lasts: the beat count when it was reported, and when
     // its clock started.
@@ -625,6 +540,17 @@ fn watch(shared: &Shared, report: impl Fn(Report)) {
             }
         }
         if shared.is_stopped() {
+            // A beat that ended the hang just before `close`: its
+            // resumption is still told.
+            if let Some((at, since_ms)) = hung_at
+                && shared.beats() != at
+            {
+                let resumed_ms = shared.last_beat_ms.load(Ordering::Relaxed);
+                report(Report::Resumed {
+                    stalled_ms: (resumed_ms - since_ms).max(0),
+                    beats: shared.beats(),
+                });
+            }
             return;
         }
         if shared.is_paused() {
@@ -644,6 +570,11 @@ fn watch(shared: &Shared, report: impl Fn(Report)) {
             None => {
                 let stalled_ms = shared.stalled_ms();
                 let timeout_ms = shared.timeout_ms();
+                if shared.dump_dir.is_some() && stalled_ms + POLL_MS as i64 >= timeout_ms {
+                    // The next look may find a hang: its dump should know
+                    // by then whether the GIL can be had.
+                    stack_dump::arm();
+                }
                 if stalled_ms > timeout_ms {
                     let since_ms = shared.last_beat_ms.load(Ordering::Relaxed);
                     hung_at = Some((beats, since_ms));
@@ -770,16 +701,17 @@ mod tests {
     #[test]
     fn sections_nest_and_are_named_once() {
         let shared = shared(config());
-        let data = shared.section_index("data");
-        let compute = shared.section_index("compute");
-        assert_eq!(shared.section_index("data"), data);
+        let sections = shared.sections();
+        let data = sections.index("data");
+        let compute = sections.index("compute");
+        assert_eq!(sections.index("data"), data);
         assert_eq!(shared.open_section(), "");
-        let outer = shared.enter(compute);
-        let inner = shared.enter(data);
+        sections.enter(compute);
+        sections.enter(data);
         assert_eq!(shared.open_section(), "data");
-        shared.leave(inner);
+        sections.exit(data).unwrap();
         assert_eq!(shared.open_section(), "compute");
-        shared.leave(outer);
+        sections.exit(compute).unwrap();
         assert_eq!(shared.open_section(), "");
     }
 
@@ -792,8 +724,8 @@ mod tests {
             let _ = sender.send(report);
         })
         .unwrap();
-        let section = watchdog.shared().section_index("compute");
-        watchdog.shared().enter(section);
+        let sections = watchdog.shared().sections();
+        sections.enter(sections.index("compute"));
         let hang = receiver.recv_timeout(Duration::from_secs(5)).unwrap();
         let Report::Hang {
             stalled_ms,
