@@ -202,14 +202,19 @@ class JsonlEventHandler(ClosesOnExit):
         """A handler writing to this rank's own file: ``directory`` joined with
         ``torchmon.rank_info().format(name)`` (``events-rank3.jsonl`` for
         ``RANK=3``; ``name`` may use every field of ``RankInfo`` and
-        ``node``). ``handler_options`` are the constructor's
-        (docs/guide.md, "Multi-node setups")."""
+        ``node``). The file's directory is made (with its parents) if
+        missing: docs/guide.md, "Multi-node setups", calls
+        ``for_rank("logs")`` in a fresh working directory.
+        ``handler_options`` are the constructor's."""
         from .._rank import rank_info
 
         folder = _path_arg(directory, "JsonlEventHandler.for_rank", "directory")
         if not isinstance(name, str):
             raise arg_type_error("JsonlEventHandler.for_rank", "name", "a str", name)
-        return cls(os.path.join(folder, rank_info().format(name)), **handler_options)
+        path = os.path.join(folder, rank_info().format(name))
+        # The file's own directory: a name may hold a subdirectory ("{node}/r{rank}.jsonl").
+        os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+        return cls(path, **handler_options)
 
     @property
     def path(self) -> str:
