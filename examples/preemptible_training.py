@@ -1,6 +1,10 @@
 """A small PyTorch training job whose metrics survive preemption.
 
-Run:  python examples/preemptible_training.py --out DIR [--steps N] [--wait-for-signal]
+Run:  python examples/preemptible_training.py [--out DIR] [--steps N] [--wait-for-signal]
+
+Without ``--out`` the files go to a new directory under the temporary
+directory (``torchmon-preemptible-...``), not into the current one; the
+last line printed names it.
 
 A tiny linear model is trained on the CPU from a ``DataLoader`` with two
 ``fork`` workers. The main process records each step's loss and batch size
@@ -32,6 +36,7 @@ import argparse
 import json
 import os
 import sys
+import tempfile
 import time
 from datetime import timedelta
 from pathlib import Path
@@ -146,15 +151,25 @@ def train(steps: int, wait_for_signal: bool) -> None:
 def main(argv: list[str] | None = None) -> int:
     global OUT
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", type=Path, required=True, help="directory for the files")
+    parser.add_argument(
+        "--out",
+        type=Path,
+        help="directory for the files (default: a new torchmon-preemptible-* directory "
+        "under the temporary directory)",
+    )
     parser.add_argument("--steps", type=int, default=20, help="batches to train")
     parser.add_argument("--wait-for-signal", action="store_true", help="wait for a SIGTERM")
     args = parser.parse_args(argv)
+    if args.out is None:
+        # A fresh directory per run: a second run must not append to the
+        # first one's files, nor write into the checkout it is run from.
+        args.out = Path(tempfile.mkdtemp(prefix="torchmon-preemptible-"))
     OUT = args.out
     OUT.mkdir(parents=True, exist_ok=True)
     torchmon.flush_on_signals()
     open_sinks()
     train(args.steps, args.wait_for_signal)
+    print(f"files in {OUT}: main.jsonl, worker-<pid>.jsonl, truth-<pid>.jsonl", flush=True)
     return 0
 
 

@@ -47,10 +47,10 @@ impl _TensorboardWriter {
         }
     }
 
-    /// The event file's path.
+    /// The event file being written: a new one once the first was removed.
     #[getter]
     fn path(&self) -> PathBuf {
-        self.inner.path().to_path_buf()
+        self.inner.path()
     }
 
     /// `(scalars, non_finite)`: the scalars handed to `write` in this

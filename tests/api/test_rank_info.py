@@ -150,3 +150,24 @@ def test_jsonl_for_rank_writes_this_ranks_file(
         assert sink.path == str(tmp_path / "n0-l1.jsonl")
     with pytest.raises(TypeError, match=r"for_rank\(name\)"):
         torchmon.JsonlEventHandler.for_rank(tmp_path, 3)  # type: ignore[arg-type]
+
+
+def test_jsonl_for_rank_makes_a_missing_directory(
+    torchrun_env: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """docs/guide.md ("Multi-node setups") calls ``for_rank("logs")`` in a
+    directory that has no ``logs/`` yet."""
+    set_env(torchrun_env, RANK="2", WORLD_SIZE="4")
+    torchrun_env.chdir(tmp_path)
+    with torchmon.JsonlEventHandler.for_rank("logs") as sink:
+        assert sink.path == str(Path("logs", "events-rank2.jsonl"))
+        sink(torchmon.Event("e", datetime(2024, 1, 1), {"x": 1}))
+    assert [e.data for e in torchmon.read_jsonl(tmp_path / "logs/events-rank2.jsonl")] == [{"x": 1}]
+    # Parents too, and a subdirectory in the name.
+    with torchmon.JsonlEventHandler.for_rank(tmp_path / "a/b", "n{node}/r{rank}.jsonl") as sink:
+        sink(torchmon.Event("e", datetime(2024, 1, 1), {"x": 2}))
+    assert [e.data for e in torchmon.read_jsonl(tmp_path / "a/b/n0/r2.jsonl")] == [{"x": 2}]
+    # A file where the directory should be: the OSError names it.
+    (tmp_path / "taken").write_text("")
+    with pytest.raises(OSError, match="taken"):
+        torchmon.JsonlEventHandler.for_rank(tmp_path / "taken")

@@ -189,6 +189,38 @@ def test_append_mode_keeps_earlier_lines(tmp_path: Path) -> None:
     ]
 
 
+@pytest.mark.skipif(not hasattr(os, "O_NOFOLLOW"), reason="no O_NOFOLLOW here")
+@pytest.mark.parametrize("dangling", [False, True])
+def test_a_symlink_planted_at_the_path_is_refused_and_not_written_through(
+    tmp_path: Path, dangling: bool
+) -> None:
+    """In a shared directory another user may plant a link at the name a job
+    will append to; the handler refuses it, naming the path, and leaves its
+    target as it was (docs/sinks.md, "Symbolic links")."""
+    victim = tmp_path / "victim"
+    if not dangling:
+        victim.write_bytes(b"precious\n")
+    link = tmp_path / "shared" / "events.jsonl"
+    link.parent.mkdir()
+    link.symlink_to(victim)
+    with pytest.raises(OSError) as info:
+        JsonlEventHandler(link)
+    assert info.value.filename == str(link)
+    assert "symbolic link" in str(info.value) and str(link) in str(info.value)
+    if dangling:
+        assert not victim.exists()
+    else:
+        assert victim.read_bytes() == b"precious\n"
+    # The same through for_rank, and a link to a directory above still works.
+    with pytest.raises(OSError, match="symbolic link"):
+        JsonlEventHandler.for_rank(link.parent, "events.jsonl")
+    (tmp_path / "real").mkdir()
+    (tmp_path / "via").symlink_to(tmp_path / "real")
+    with JsonlEventHandler(tmp_path / "via" / "e.jsonl") as handler:
+        handler(Event("e", datetime(2024, 1, 1), {"x": 1}))
+    assert [e.data for e in read_jsonl(tmp_path / "real" / "e.jsonl")] == [{"x": 1}]
+
+
 def test_each_event_is_flushed_for_another_process(tmp_path: Path) -> None:
     """While the handler is open, another process reads every line written so far."""
     path = tmp_path / "e.jsonl"

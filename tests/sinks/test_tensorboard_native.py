@@ -398,6 +398,157 @@ def test_a_full_disk_reports_one_line_and_tears_nothing(tmp_path: Path) -> None:
     assert all(any(v == e for e in expected) for v in written), written
 
 
+# Logs windows of MAX 1, 2, ... with a stderr line of its own between the
+# steps, so that the writer's lines can be placed among them.
+STEPS_CHILD = """
+import os, shutil, sys, time
+from datetime import timedelta
+import torchmon
+from torchmon import Aggregation, Stat, TensorboardEventHandler
+logdir, how = sys.argv[1], sys.argv[2]
+handler = TensorboardEventHandler.logdir(logdir)
+torchmon.register_event_handler(handler)
+s = Stat("loss", [Aggregation.MAX], timedelta(hours=1))
+windows = 0
+def log(n):
+    global windows
+    for _ in range(n):
+        windows += 1
+        s.add(float(windows)); s._flush_window()
+        handler.flush()
+def step(text):
+    print(text, file=sys.stderr, flush=True)
+"""
+
+REMOVED = (
+    STEPS_CHILD
+    + """
+log(3)
+first = handler.path
+if how == "rmtree":
+    shutil.rmtree(logdir)
+else:  # a log rotation: the file moved away, its name kept for TensorBoard
+    os.rename(first, first + ".1")
+# The writer looks at its path at most once a second (docs/sinks.md, "TensorBoard").
+time.sleep(1.3)
+log(3)
+handler.close()
+print(first); print(handler.path)
+"""
+)
+
+
+@pytest.mark.parametrize("how", ["rmtree", "rotate"])
+def test_a_removed_logdir_or_file_gets_a_new_file_and_keeps_later_windows(
+    tmp_path: Path, how: str
+) -> None:
+    logdir = tmp_path / "tb"
+    proc = subprocess.run(
+        [sys.executable, "-c", REMOVED, str(logdir), how],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 0, proc.stderr
+    first, second = proc.stdout.split()
+    assert first != second and Path(second).parent == logdir
+    (line,) = proc.stderr.splitlines()
+    assert line == (
+        f"torchmon: TensorboardEventHandler: {first} was removed; later windows go to "
+        f"the new file {second}"
+    )
+    # TensorBoard reads the directory: the windows after the removal, and,
+    # after a rotation, the three before it in the moved file too.
+    got = [(step, value) for step, value in scalars(accumulator(logdir))["loss.max"]]
+    if how == "rmtree":
+        assert got == [(4, 4.0), (5, 5.0), (6, 6.0)]
+    else:
+        assert got == [(i, float(i)) for i in range(1, 7)]
+        assert len(read_records(Path(first + ".1").read_bytes())) == 4
+
+
+RECOVERY = (
+    STEPS_CHILD
+    + """
+import resource, signal
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit fails with EFBIG
+hard = resource.getrlimit(resource.RLIMIT_FSIZE)[1]
+log(2)
+resource.setrlimit(resource.RLIMIT_FSIZE, (os.path.getsize(handler.path), hard))
+step("full")
+log(5)
+resource.setrlimit(resource.RLIMIT_FSIZE, (hard, hard))
+step("room again")
+log(3)
+handler.close()
+print(handler.path)
+"""
+)
+
+
+def test_writing_again_after_a_full_disk_says_how_many_windows_were_lost(tmp_path: Path) -> None:
+    logdir = tmp_path / "tb"
+    proc = subprocess.run(
+        [sys.executable, "-c", RECOVERY, str(logdir), ""],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 0, proc.stderr
+    path = proc.stdout.strip()
+    lines = proc.stderr.splitlines()
+    assert len(lines) == 4, proc.stderr
+    assert lines[0] == "full"
+    assert lines[1].startswith(f"torchmon: TensorboardEventHandler could not write to {path}: ")
+    assert lines[2] == "room again"
+    assert lines[3] == (
+        f"torchmon: TensorboardEventHandler: writing to {path} again; 5 windows were lost meanwhile"
+    )
+    # The five are the ones TensorBoard does not find.
+    got = scalars(accumulator(logdir))["loss.max"]
+    assert got == [(1, 1.0), (2, 2.0), (8, 8.0), (9, 9.0), (10, 10.0)]
+
+
+PLANTED = """
+import errno, os, socket, sys, time
+from torchmon import TensorboardEventHandler
+logdir, victim = sys.argv[1], sys.argv[2]
+# The names this process's first event file can get in the next seconds,
+# each a symbolic link to the victim, as another user of the directory could plant.
+now = int(time.time())
+for secs in range(now - 1, now + 10):
+    name = f"events.out.tfevents.{secs:010}.{socket.gethostname()}.{os.getpid()}.0"
+    os.symlink(victim, os.path.join(logdir, name))
+try:
+    TensorboardEventHandler.logdir(logdir)
+except OSError as exc:
+    print(errno.errorcode[exc.errno], exc.filename, sep="\\n")
+"""
+
+
+def test_an_event_file_name_planted_as_a_symlink_is_never_written_through(
+    tmp_path: Path,
+) -> None:
+    """The event file is created with O_EXCL (and O_NOFOLLOW): a link at its
+    name fails the constructor, naming the path, and its target is left as it
+    was (docs/sinks.md, "Native writer")."""
+    logdir = tmp_path / "shared"
+    logdir.mkdir()
+    victim = tmp_path / "victim"
+    victim.write_bytes(b"precious")
+    proc = subprocess.run(
+        [sys.executable, "-c", PLANTED, str(logdir), str(victim)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 0, proc.stderr
+    code, filename = proc.stdout.splitlines()
+    assert code == "EEXIST"
+    assert Path(filename).parent == logdir and Path(filename).is_symlink()
+    assert victim.read_bytes() == b"precious"
+
+
 def test_the_tensorboard_server_lists_the_scalars_and_histograms(tmp_path: Path) -> None:
     """A real ``tensorboard`` process (default loader settings) serves a
     native run: every window a point of each scalar tag, every distribution

@@ -123,6 +123,32 @@ def test_demo_shows_step_time_percentiles_and_memory_in_readable_units(demo):
     assert abs(float(memory[1]) * scale - largest) <= 0.01 * largest
 
 
+def test_docs_cli_md_states_the_steps_the_default_demo_runs(tmp_path):
+    """docs/cli.md's sample of the demo's closing lines gives the step count
+    of `torchmon demo` run as it says, with no option (the timings and the
+    memory differ per machine; the count does not)."""
+    docs = Path(__file__).resolve().parents[2] / "docs" / "cli.md"
+    if not docs.is_file():
+        pytest.skip("not run from a checkout: docs/ is not beside tests/")
+    pattern = r"step time +P50 [0-9.]+ ms +P99 [0-9.]+ ms +over (\d+) steps"
+    documented = re.findall(pattern, docs.read_text(encoding="utf-8"))
+    assert documented, "docs/cli.md shows no 'over N steps' line"
+    result = subprocess.run(
+        [sys.executable, "-m", "torchmon", "demo"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        stdin=subprocess.DEVNULL,
+    )
+    assert result.returncode == 0, result.stderr
+    ran = re.findall(pattern, result.stdout)
+    assert len(ran) == 1, result.stdout
+    assert documented == ran
+    epochs = re.findall(r"^epoch (\d+)/(\d+)  loss ", result.stdout, re.MULTILINE)
+    assert int(ran[0]) == int(epochs[-1][1]) * 800  # --steps' documented default
+
+
 @pytest.mark.parametrize(
     ("value", "shown"),
     [(3.56024e7, "35.6 MB"), (2.36536e8, "237 MB"), (2.3829e9, "2.38 GB"), (512.0, "512 B")],

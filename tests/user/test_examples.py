@@ -320,6 +320,46 @@ def test_torchrun_prometheus_writes_outside_the_checkout_and_says_when_it_is_don
     assert lines[-1] == "rank 0: stopped serving"
 
 
+def test_preemptible_training_runs_as_the_readme_says_and_names_its_files(
+    tmp_path: Path,
+) -> None:
+    """README.md's command, ``.venv/bin/python examples/<name>`` from the
+    checkout, with no argument: the files go to a new directory under the
+    temporary directory (not the checkout), named by the last line."""
+    pytest.importorskip("torch")
+    checkout = EXAMPLES.parent
+    readme = checkout / "README.md"
+    if not readme.is_file():
+        pytest.skip("not run from a checkout: README.md is not beside tests/")
+    assert "(`.venv/bin/python examples/<name>`" in readme.read_text(encoding="utf-8")
+    temporary = tmp_path / "tmp"
+    temporary.mkdir()
+    before = sorted(p.name for p in checkout.iterdir())
+    proc = subprocess.run(
+        [sys.executable, "examples/preemptible_training.py"],
+        cwd=checkout,
+        env={**os.environ, "TMPDIR": str(temporary), "OMP_NUM_THREADS": "1"},
+        capture_output=True,
+        text=True,
+        timeout=120,
+        stdin=subprocess.DEVNULL,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert sorted(p.name for p in checkout.iterdir()) == before
+    # torch may leave its own folders there (torchinductor_<user>).
+    (out,) = temporary.glob("torchmon-preemptible-*")
+    lines = proc.stdout.splitlines()
+    assert "trained 20 steps" in lines[-2]
+    assert lines[-1] == f"files in {out}: main.jsonl, worker-<pid>.jsonl, truth-<pid>.jsonl"
+    counts = [
+        e.data["train.loss.count"]
+        for e in torchmon.read_jsonl(out / "main.jsonl")
+        if e.name == torchmon.STAT_EVENT and "train.loss.count" in e.data
+    ]
+    assert sum(counts) == 20
+    assert len(list(out.glob("worker-*.jsonl"))) == 2
+
+
 def test_the_readme_names_every_example_script_before_its_first_section() -> None:
     """README.md's first screen lists every script of examples/ (the set-up
     commands come first, then the list)."""

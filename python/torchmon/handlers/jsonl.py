@@ -32,6 +32,7 @@ are ``\\uXXXX`` escapes, so that no line holds anything that a line reader
 
 from __future__ import annotations
 
+import errno
 import json
 import math
 import os
@@ -63,6 +64,12 @@ _SPLITLINES_BREAKS = re.compile("[\x85\u2028\u2029]")
 _ISO_OFFSET = re.compile(r"([+-])(\d\d):(\d\d)(?::(\d\d)(?:\.(\d{6}))?)?\Z")
 
 _NON_FINITE_TEXT = {"nan": math.nan, "inf": math.inf, "-inf": -math.inf}
+
+# open(path, "ab")'s flags, and O_NOFOLLOW: a symbolic link planted at the
+# file's name in a shared directory is refused, never appended through
+# (docs/sinks.md, "Symbolic links"). Not on Windows, which has no such flag.
+_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
+_APPEND_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_APPEND | _NOFOLLOW
 
 
 def _path_arg(path: object, call: str, arg: str) -> str:
@@ -126,7 +133,9 @@ class JsonlEventHandler(ClosesOnExit):
     :func:`read_jsonl` to read the file back.
 
     - The file is opened in append mode when the handler is created (its
-      directory must exist), so earlier lines are kept.
+      directory must exist), so earlier lines are kept. A symbolic link at
+      ``path`` itself is not followed: ``OSError`` (``ELOOP``) naming it
+      (links among the directories above it are followed as usual).
     - Every event is written with one ``write`` call on an unbuffered file:
       it reaches the OS before the handler returns (it is not
       ``fsync``-ed). :func:`read_jsonl` in another process sees whole
@@ -202,14 +211,19 @@ class JsonlEventHandler(ClosesOnExit):
         """A handler writing to this rank's own file: ``directory`` joined with
         ``torchmon.rank_info().format(name)`` (``events-rank3.jsonl`` for
         ``RANK=3``; ``name`` may use every field of ``RankInfo`` and
-        ``node``). ``handler_options`` are the constructor's
-        (docs/guide.md, "Multi-node setups")."""
+        ``node``). The file's directory is made (with its parents) if
+        missing: docs/guide.md, "Multi-node setups", calls
+        ``for_rank("logs")`` in a fresh working directory.
+        ``handler_options`` are the constructor's."""
         from .._rank import rank_info
 
         folder = _path_arg(directory, "JsonlEventHandler.for_rank", "directory")
         if not isinstance(name, str):
             raise arg_type_error("JsonlEventHandler.for_rank", "name", "a str", name)
-        return cls(os.path.join(folder, rank_info().format(name)), **handler_options)
+        path = os.path.join(folder, rank_info().format(name))
+        # The file's own directory: a name may hold a subdirectory ("{node}/r{rank}.jsonl").
+        os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+        return cls(path, **handler_options)
 
     @property
     def path(self) -> str:
@@ -224,7 +238,24 @@ class JsonlEventHandler(ClosesOnExit):
     def _open(self) -> BinaryIO:
         """Opens ``path`` for appending; sets ``_size`` and whether the next
         line must begin with a newline (the file ends in part of a line)."""
-        file = open(self._path, "ab", buffering=0)
+        try:
+            fd = os.open(self._path, _APPEND_FLAGS, 0o666)
+        except OSError as exc:
+            # ELOOP (EMLINK on FreeBSD) is also a loop among the directories.
+            refused = exc.errno in (errno.ELOOP, errno.EMLINK)
+            if _NOFOLLOW and refused and os.path.islink(self._path):
+                raise OSError(
+                    exc.errno,
+                    "JsonlEventHandler: the path is a symbolic link, which is not followed "
+                    "(another user may have planted it); give the file's own path",
+                    self._path,
+                ) from None
+            raise
+        try:
+            file = os.fdopen(fd, "ab", buffering=0)
+        except BaseException:
+            os.close(fd)
+            raise
         try:
             size = os.fstat(file.fileno()).st_size
         except BaseException:

@@ -181,8 +181,14 @@ class TensorboardEventHandler(ClosesOnExit):
           exit wait until the queue reached the file.
         - A directory that cannot be made or written raises ``OSError``
           naming the path. A write that fails later (a full disk) prints one
-          line to stderr and drops windows until a write succeeds; the file
-          holds only whole records.
+          line to stderr and drops windows until a write succeeds, then one
+          more line says how many were lost; the file holds only whole records.
+        - A file or directory removed while running (``rm -rf`` of the log
+          directory, a log rotation): within a second one line on stderr,
+          and a new file (the directory made again) takes the later windows;
+          ``path`` then names it. Event files are created with ``O_EXCL``
+          and ``O_NOFOLLOW``: a name planted in the directory is never
+          written through.
         - In a forked child the handler writes nothing (the file is the
           parent's); make a handler in the child for a file of its own.
         - ``close()`` (or leaving a ``with`` block) writes what is queued and

@@ -7,6 +7,9 @@
 //!
 //! The calling thread only builds the `SummaryEvent` and queues it; the
 //! encoding, the histogram buckets and the file I/O happen on the worker.
+//! The worker also notices, within a second, a file or directory removed
+//! under it (an `rm -rf` of the log directory, a log rotation), which
+//! Linux would let it go on writing into unseen, and starts a new file.
 //! A forked child writes nothing: the writer belongs to the process that
 //! made it (docs/internals.md, "Fork").
 
@@ -17,10 +20,12 @@ pub use proto::{FILE_VERSION, SummaryEvent, histogram_buckets, histogram_range};
 pub use record::{append_record, crc32c, masked_crc32c};
 
 use crate::worker::{Flow, Pushed, Sink, Worker};
-use std::fs::{File, OpenOptions};
+use parking_lot::Mutex;
+use std::fs::{File, Metadata, OpenOptions};
 use std::io::{self, Write};
 use std::mem::ManuallyDrop;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
@@ -32,6 +37,11 @@ pub const CAPACITY: usize = 1 << 14;
 /// Files made by this process so far: the last part of each file name, so
 /// that two writers made in one second never share a file.
 static FILES_MADE: AtomicU64 = AtomicU64::new(0);
+
+/// How often, at most, the worker checks that its file is still at its
+/// path: one `stat` a second on the worker thread, none on the thread that
+/// closes a window (docs/performance.md, "TensorBoard").
+const PATH_CHECK: Duration = Duration::from_secs(1);
 
 /// What became of an event handed to `EventFileWriter::write`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -66,8 +76,88 @@ pub struct EventFileWriter {
     /// Not dropped in a forked child: the parent's thread, which the child
     /// does not have, may have held the channel's locks at the fork.
     worker: ManuallyDrop<Worker<SummaryEvent>>,
-    path: PathBuf,
+    /// The file written, shared with the worker, which replaces it when the
+    /// file is removed.
+    path: Arc<Mutex<PathBuf>>,
     pid: u32,
+}
+
+/// An event file just made, its `file_version` record written.
+struct NewFile {
+    file: File,
+    path: PathBuf,
+    length: u64,
+    identity: Identity,
+}
+
+/// Makes `logdir` (and its parents) if needed, and in it a new event file
+/// with its `file_version` event. The file is created with `create_new`
+/// (`O_EXCL`) and, on Unix, `O_NOFOLLOW`: a name planted in a shared
+/// directory, a symlink included, is an error, never a file opened through
+/// it (docs/sinks.md, "TensorBoard").
+fn new_file(logdir: &Path, filename_suffix: &str) -> Result<NewFile, CreateError> {
+    let named = |error: io::Error, path: &Path| CreateError {
+        error,
+        path: path.to_path_buf(),
+    };
+    std::fs::create_dir_all(logdir).map_err(|e| named(e, logdir))?;
+    let now = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap_or_default();
+    let pid = std::process::id();
+    let n = FILES_MADE.fetch_add(1, Ordering::Relaxed);
+    let name = format!(
+        "events.out.tfevents.{:010}.{}.{pid}.{n}{filename_suffix}",
+        now.as_secs(),
+        hostname()
+    );
+    let path = logdir.join(name);
+    let mut options = OpenOptions::new();
+    options.append(true).create_new(true);
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::OpenOptionsExt;
+        options.custom_flags(libc::O_NOFOLLOW);
+    }
+    let mut file = options.open(&path).map_err(|e| named(e, &path))?;
+    let mut first = Vec::new();
+    let mut data = Vec::new();
+    proto::encode_file_version(now.as_secs_f64(), &mut data);
+    record::append_record(&mut first, &data);
+    let identity = file
+        .write_all(&first)
+        .and_then(|()| file.metadata())
+        .map(|m| Identity::of(&m))
+        .map_err(|e| {
+            // Not left behind empty: a writer whose directory was removed
+            // tries again every second, on a disk that may be full.
+            let _ = std::fs::remove_file(&path);
+            named(e, &path)
+        })?;
+    Ok(NewFile {
+        file,
+        path,
+        length: first.len() as u64,
+        identity,
+    })
+}
+
+/// What tells the open file from another one at the same path: device and
+/// inode on Unix; elsewhere nothing, and only a missing path is noticed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Identity(Option<(u64, u64)>);
+
+impl Identity {
+    #[cfg(unix)]
+    fn of(metadata: &Metadata) -> Self {
+        use std::os::unix::fs::MetadataExt;
+        Identity(Some((metadata.dev(), metadata.ino())))
+    }
+
+    #[cfg(not(unix))]
+    fn of(_metadata: &Metadata) -> Self {
+        Identity(None)
+    }
 }
 
 impl EventFileWriter {
@@ -76,43 +166,30 @@ impl EventFileWriter {
     /// holding its `file_version` event; then starts the worker thread.
     /// An error comes with the path that could not be made or written.
     pub fn create(logdir: &Path, filename_suffix: &str) -> Result<Self, CreateError> {
-        let named = |error: io::Error, path: &Path| CreateError {
-            error,
-            path: path.to_path_buf(),
-        };
-        std::fs::create_dir_all(logdir).map_err(|e| named(e, logdir))?;
-        let now = SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .unwrap_or_default();
+        let made = new_file(logdir, filename_suffix)?;
         let pid = std::process::id();
-        let n = FILES_MADE.fetch_add(1, Ordering::Relaxed);
-        let name = format!(
-            "events.out.tfevents.{:010}.{}.{pid}.{n}{filename_suffix}",
-            now.as_secs(),
-            hostname()
-        );
-        let path = logdir.join(name);
-        let mut file = OpenOptions::new()
-            .append(true)
-            .create_new(true)
-            .open(&path)
-            .map_err(|e| named(e, &path))?;
-        let mut first = Vec::new();
-        let mut data = Vec::new();
-        proto::encode_file_version(now.as_secs_f64(), &mut data);
-        record::append_record(&mut first, &data);
-        file.write_all(&first).map_err(|e| named(e, &path))?;
+        let path = Arc::new(Mutex::new(made.path.clone()));
         let sink = FileSink {
-            file,
-            length: first.len() as u64,
-            path: path.clone(),
+            file: made.file,
+            length: made.length,
+            identity: made.identity,
+            path: made.path.clone(),
+            shared_path: Arc::clone(&path),
+            logdir: logdir.to_path_buf(),
+            filename_suffix: filename_suffix.to_owned(),
+            checked: Instant::now(),
             failing: false,
+            lost: 0,
+            batch: 0,
             data: Vec::new(),
             record: Vec::new(),
             scratch: proto::Scratch::default(),
         };
         let worker =
-            Worker::spawn(CAPACITY, sink, "torchmon-tensorboard").map_err(|e| named(e, &path))?;
+            Worker::spawn(CAPACITY, sink, "torchmon-tensorboard").map_err(|error| CreateError {
+                error,
+                path: made.path.clone(),
+            })?;
         Ok(EventFileWriter {
             scalars: AtomicU64::new(0),
             non_finite: AtomicU64::new(0),
@@ -122,8 +199,9 @@ impl EventFileWriter {
         })
     }
 
-    pub fn path(&self) -> &Path {
-        &self.path
+    /// The file written now: a new one once the first was removed.
+    pub fn path(&self) -> PathBuf {
+        self.path.lock().clone()
     }
 
     fn in_owner(&self) -> bool {
@@ -216,9 +294,22 @@ struct FileSink {
     /// The file's length after the last whole record: a failed write is
     /// cut back to it.
     length: u64,
+    /// The open file's, to tell whether `path` still names it.
+    identity: Identity,
     path: PathBuf,
-    /// The last write failed (reported once until one succeeds again).
+    /// `path`, as `EventFileWriter::path` reads it.
+    shared_path: Arc<Mutex<PathBuf>>,
+    logdir: PathBuf,
+    filename_suffix: String,
+    /// When `path` was last compared with the open file.
+    checked: Instant,
+    /// The last write failed, or the file was removed and no new one could
+    /// be made: reported once, and again when writing works again.
     failing: bool,
+    /// Windows dropped since `failing` was set.
+    lost: u64,
+    /// Windows in `record`.
+    batch: u64,
     data: Vec<u8>,
     /// The records of the batch, not written yet.
     record: Vec<u8>,
@@ -236,6 +327,79 @@ impl FileSink {
         self.data.clear();
         event.encode(&mut self.data, &mut self.scratch);
         record::append_record(&mut self.record, &self.data);
+        self.batch += 1;
+    }
+
+    /// Whether `path` still names the open file. Linux lets a process write
+    /// on into a file removed under it, so a removed log directory would
+    /// lose every later window without an error.
+    fn still_at_path(&self) -> bool {
+        match std::fs::symlink_metadata(&self.path) {
+            Ok(metadata) => Identity::of(&metadata) == self.identity,
+            // Another error (EACCES on a parent, say) says nothing of removal.
+            Err(error) => error.kind() != io::ErrorKind::NotFound,
+        }
+    }
+
+    /// Once `path` no longer names the open file: a new file (the
+    /// directory made again); `false` when none can be made, said once.
+    fn follow_path(&mut self) -> bool {
+        if self.still_at_path() {
+            return true;
+        }
+        match new_file(&self.logdir, &self.filename_suffix) {
+            Ok(made) => {
+                eprintln!(
+                    "torchmon: TensorboardEventHandler: {} was removed; later windows go to \
+                     the new file {}",
+                    self.path.display(),
+                    made.path.display()
+                );
+                self.file = made.file;
+                self.length = made.length;
+                self.identity = made.identity;
+                self.path = made.path;
+                *self.shared_path.lock() = self.path.clone();
+                true
+            }
+            Err(failed) => {
+                if !self.failing {
+                    self.failing = true;
+                    eprintln!(
+                        "torchmon: TensorboardEventHandler: {} was removed and no new file can \
+                         be made ({failed}); windows are dropped until one can",
+                        self.path.display()
+                    );
+                }
+                false
+            }
+        }
+    }
+
+    /// The first write that works after `failing`: says how many windows
+    /// were lost meanwhile.
+    fn recovered(&mut self) {
+        if std::mem::take(&mut self.failing) {
+            let lost = std::mem::take(&mut self.lost);
+            eprintln!(
+                "torchmon: TensorboardEventHandler: writing to {} again; {lost} {} lost meanwhile",
+                self.path.display(),
+                if lost == 1 {
+                    "window was"
+                } else {
+                    "windows were"
+                }
+            );
+        }
+    }
+
+    /// Empties the batch, counting its windows as lost unless `written`.
+    fn end_batch(&mut self, written: bool) {
+        if !written {
+            self.lost += self.batch;
+        }
+        self.record.clear();
+        self.batch = 0;
     }
 
     /// Appends the records encoded so far with one write: all of them, or
@@ -245,10 +409,18 @@ impl FileSink {
         if self.record.is_empty() {
             return;
         }
-        match self.file.write_all(&self.record) {
+        if self.checked.elapsed() >= PATH_CHECK {
+            self.checked = Instant::now();
+            if !self.follow_path() {
+                self.end_batch(false);
+                return;
+            }
+        }
+        let written = match self.file.write_all(&self.record) {
             Ok(()) => {
                 self.length += self.record.len() as u64;
-                self.failing = false;
+                self.recovered();
+                true
             }
             Err(error) => {
                 let _ = self.file.set_len(self.length);
@@ -260,9 +432,10 @@ impl FileSink {
                         self.path.display()
                     );
                 }
+                false
             }
-        }
-        self.record.clear();
+        };
+        self.end_batch(written);
     }
 }
 
@@ -395,6 +568,63 @@ mod tests {
             ..SummaryEvent::default()
         };
         assert_eq!(writer.try_write(event).unwrap(), Written::Closed);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    fn window(step: i64) -> SummaryEvent {
+        SummaryEvent {
+            wall_time: step as f64,
+            step,
+            scalars: vec![("loss.mean".to_owned(), step as f64)],
+            histograms: vec![],
+        }
+    }
+
+    #[test]
+    fn a_removed_directory_gets_a_new_file_for_later_windows() {
+        let dir = temp_dir("removed");
+        let writer = EventFileWriter::create(&dir, "").unwrap();
+        let first = writer.path();
+        let deadline = || Instant::now() + Duration::from_secs(10);
+        for step in 1..=3 {
+            assert_eq!(writer.try_write(window(step)).unwrap(), Written::Queued);
+        }
+        assert!(writer.flush(deadline()));
+        std::fs::remove_dir_all(&dir).unwrap();
+        // The path is checked at most once per PATH_CHECK.
+        std::thread::sleep(PATH_CHECK + Duration::from_millis(100));
+        for step in 4..=6 {
+            assert_eq!(writer.try_write(window(step)).unwrap(), Written::Queued);
+        }
+        assert!(writer.flush(deadline()));
+        let second = writer.path();
+        assert_ne!(first, second);
+        assert_eq!(second.parent(), Some(dir.as_path()));
+        let records = read_records(&std::fs::read(&second).unwrap());
+        // file_version, then the three later windows.
+        assert_eq!(records.len(), 4);
+        assert!(
+            records[0]
+                .windows(FILE_VERSION.len())
+                .any(|w| w == FILE_VERSION.as_bytes())
+        );
+        assert!(writer.close(Duration::from_secs(10)));
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn a_file_still_at_its_path_is_kept() {
+        let dir = temp_dir("kept");
+        let writer = EventFileWriter::create(&dir, "").unwrap();
+        let first = writer.path();
+        assert_eq!(writer.try_write(window(1)).unwrap(), Written::Queued);
+        std::thread::sleep(PATH_CHECK + Duration::from_millis(100));
+        assert_eq!(writer.try_write(window(2)).unwrap(), Written::Queued);
+        assert!(writer.flush(Instant::now() + Duration::from_secs(10)));
+        assert_eq!(writer.path(), first);
+        assert_eq!(read_records(&std::fs::read(&first).unwrap()).len(), 3);
+        assert_eq!(std::fs::read_dir(&dir).unwrap().count(), 1);
+        assert!(writer.close(Duration::from_secs(10)));
         std::fs::remove_dir_all(&dir).unwrap();
     }
 
