@@ -19,6 +19,8 @@ import json
 import math
 import os
 import signal
+import socket
+import struct
 import sys
 import threading
 import time
@@ -71,6 +73,23 @@ SECTION_AGGREGATIONS = (
 _SECTION_WINDOW = timedelta(days=1)
 
 _STORE_PREFIX = "torchmon/watchdog/"
+
+#: The signals ``dump_signal`` refuses: those that end, stop, resume or
+#: report on a process (a handler for SIGTERM would keep torchrun's SIGTERM
+#: from ending the rank), and the fault signals faulthandler itself uses.
+_REFUSED_DUMP_SIGNALS = frozenset(
+    int(getattr(signal, name))
+    for name in (
+        "SIGABRT", "SIGALRM", "SIGBUS", "SIGCHLD", "SIGCONT", "SIGFPE", "SIGHUP", "SIGILL",
+        "SIGINT", "SIGIO", "SIGKILL", "SIGPIPE", "SIGPROF", "SIGPWR", "SIGQUIT", "SIGSEGV",
+        "SIGSTOP", "SIGSYS", "SIGTERM", "SIGTRAP", "SIGTSTP", "SIGTTIN", "SIGTTOU", "SIGURG",
+        "SIGVTALRM", "SIGWINCH", "SIGXCPU", "SIGXFSZ",
+    )
+    if hasattr(signal, name)
+)  # fmt: skip
+
+#: A Stat's name is at most 200 characters; a section's is ``section.<name>``.
+_SECTION_NAME_MAX = 200 - len("section.")
 
 # The faulthandler registration: (signal, the descriptor it writes to), once
 # per process; two watchdogs share it. A bare descriptor, not a file object:
@@ -164,6 +183,14 @@ class Watchdog(_Watchdog):
                 high=signal.NSIG - 1,
                 expected="a signal number or None",
             )
+            if int(dump_signal) in _REFUSED_DUMP_SIGNALS:
+                raise arg_value_error(
+                    _CALL,
+                    "dump_signal",
+                    f"is {signal.Signals(dump_signal).name}, which ends, stops or reports on "
+                    "a process: pass SIGUSR1, SIGUSR2 or a real-time signal (docs/watchdog.md, "
+                    '"The dump signal")',
+                )
         from ._rank import rank_info
 
         info = rank_info()
@@ -172,9 +199,16 @@ class Watchdog(_Watchdog):
         self._exit_code = exit_code
         self._report_interval = interval
         self._store = store
+        self._link: _StoreLink | None = None
+        self._link_lock = new_lock()
+        self._store_failures = 0
+        self._store_retry_at = 0.0
         self._best_p50: dict[str, float] = {}
         self._straggler_stats: dict[str, Stat] = {}
         self._stopped_ranks: tuple[int, ...] = ()
+        # Rank 0's view of each rank's entry: its tick, and when (rank 0's
+        # monotonic clock) that tick was first read.
+        self._entry_seen: dict[int, tuple[Any, float]] = {}
         self._pid = os.getpid()
         self._stop_reporter = threading.Event()
         if dump_dir is not None:
@@ -227,6 +261,15 @@ class Watchdog(_Watchdog):
         if os.getpid() != self._pid:
             return
         self._stop_reporter.set()
+        with self._link_lock:
+            link, self._link = self._link, None
+        if link is not None:
+            # A call to a hung store would keep the reporter past this
+            # close, and a reporter that returns from torch's C++ while the
+            # interpreter ends aborts the process: its connection is shut
+            # down, so the call raises now (docs/watchdog.md, "A store that
+            # hangs or dies").
+            link.shut_down()
         reporter = self._reporter
         if reporter is not threading.current_thread():
             reporter.join(timeout=5.0)
@@ -244,7 +287,12 @@ class Watchdog(_Watchdog):
     # -- called by the native base ------------------------------------------
 
     def _section_stat(self, name: str) -> Stat:
-        return Stat(f"section.{name}", list(SECTION_AGGREGATIONS), _SECTION_WINDOW)
+        _check_section_name(name)
+        try:
+            return Stat(f"section.{name}", list(SECTION_AGGREGATIONS), _SECTION_WINDOW)
+        except (TypeError, ValueError) as exc:
+            # Stat's own refusal names Stat(name), which the caller never wrote.
+            raise arg_value_error("Watchdog.section", "name", f"is refused: {exc}") from None
 
     def _report(
         self, kind: str, stalled_s: float, timeout_s: float, section: str, dump: str, beats: int
@@ -316,11 +364,18 @@ class Watchdog(_Watchdog):
             "section": self._open_section,
             "p50": p50s,
         }
-        entries = self._exchange(entry)
+        # The individual score needs no other rank: recorded first, and so
+        # also while the store is down.
+        for name, p50 in p50s.items():
+            if p50 > 0:
+                best = self._best_p50[name] = min(self._best_p50.get(name, p50), p50)
+                self._record_score(f"straggler.{name}.individual", min(1.0, best / p50))
+        entries = self._exchange_or_note(entry)
+        if entries is None:
+            return
         for name, p50 in p50s.items():
             if not p50 > 0:
                 continue
-            best = self._best_p50[name] = min(self._best_p50.get(name, p50), p50)
             fastest = min(
                 (
                     e["p50"][name]
@@ -330,9 +385,43 @@ class Watchdog(_Watchdog):
                 default=p50,
             )
             self._record_score(f"straggler.{name}.relative", min(1.0, fastest / p50))
-            self._record_score(f"straggler.{name}.individual", min(1.0, best / p50))
         if self._rank == 0 and len(entries) > 1:
             self._check_stopped_ranks(entries)
+
+    def _exchange_or_note(self, entry: dict[str, Any]) -> list[dict[str, Any]] | None:
+        """``_exchange``, or None when the store failed: one line on stderr
+        when an outage starts and one when it ends, not one per tick (every
+        rank sees the same outage)."""
+        if self._store_failures and time.monotonic() < self._store_retry_at:
+            # A try at a dead store can take the call's bound: not at every
+            # tick, so that the reports (the individual scores) keep their pace.
+            return None
+        try:
+            entries = self._exchange(entry)
+        except Exception as exc:
+            if self._stop_reporter.is_set():
+                return None  # closed during the call: its connection was shut down
+            self._store_failures += 1
+            self._store_retry_at = time.monotonic() + _store_timeout(self._report_interval)
+            if self._store_failures == 1:
+                first = str(exc).strip().splitlines()[:1] or [""]
+                print(
+                    f"torchmon: rank {self._rank}'s watchdog cannot reach the c10d store "
+                    f"({type(exc).__name__}: {first[0][:200]}); it retries every report "
+                    "and says when the store answers again",
+                    file=sys.stderr,
+                    flush=True,
+                )
+            return None
+        if self._store_failures:
+            print(
+                f"torchmon: rank {self._rank}'s watchdog reaches the c10d store again, "
+                f"after {self._store_failures} failed report(s)",
+                file=sys.stderr,
+                flush=True,
+            )
+            self._store_failures = 0
+        return entries
 
     def _record_score(self, name: str, score: float) -> None:
         stat = self._straggler_stats.get(name)
@@ -355,6 +444,21 @@ class Watchdog(_Watchdog):
 
             store = _get_default_store()
             world_size = dist.get_world_size()
+        with self._link_lock:
+            if self._stop_reporter.is_set():
+                return [entry]
+            link = self._link
+            if link is None or link.origin is not store:
+                link = self._link = _StoreLink(store, _store_timeout(self._report_interval))
+        try:
+            return self._exchange_through(link.client(), world_size, entry)
+        except Exception:
+            link.drop()
+            raise
+
+    def _exchange_through(
+        self, store: Any, world_size: int, entry: dict[str, Any]
+    ) -> list[dict[str, Any]]:
         store.set(f"{_STORE_PREFIX}{self._rank}", json.dumps(entry))
         # Every rank publishes at the same wall-clock tick, give or take its
         # cut: the entries of this tick are read until all are there or for
@@ -382,14 +486,22 @@ class Watchdog(_Watchdog):
         return [found.get(rank) or stale[rank] for rank in sorted({*found, *stale})]
 
     def _check_stopped_ranks(self, entries: list[dict[str, Any]]) -> None:
-        now = time.time()
+        # An entry's age is how long ago rank 0 first read its tick, on rank
+        # 0's own monotonic clock: the entry's wall-clock "time" is the other
+        # host's clock, and hosts' clocks differ by seconds.
+        now = time.monotonic()
+        seen = self._entry_seen
+        for e in entries:
+            known = seen.get(e["rank"])
+            if known is None or known[0] != e.get("tick"):
+                seen[e["rank"]] = (e.get("tick"), now)
         stale = 3 * self._report_interval
         stopped = tuple(
             sorted(
                 e["rank"]
                 for e in entries
-                if e["since_beat"] + (now - e["time"]) > e["timeout"]
-                or now - e["time"] > stale + e["timeout"]
+                if e["since_beat"] + (now - seen[e["rank"]][1]) > e["timeout"]
+                or now - seen[e["rank"]][1] > stale + e["timeout"]
             )
         )
         if stopped != self._stopped_ranks:
@@ -407,6 +519,27 @@ class Watchdog(_Watchdog):
                 log_event(Event("torchmon.stopped_ranks", datetime.now(), data))
 
 
+def _check_section_name(name: object) -> None:
+    """A section's name becomes a Stat's name, a field of the hang's Event
+    and of the store entry: a non-empty printable str."""
+    call = "Watchdog.section"
+    if not isinstance(name, str):
+        raise arg_type_error(call, "name", "a str", name)
+    if not name.strip():
+        raise arg_value_error(call, "name", f"must not be empty or blank, got {name!r}")
+    if not name.isprintable():
+        raise arg_value_error(
+            call, "name", f"must be printable (no control character), got {name!r}"
+        )
+    if len(name) > _SECTION_NAME_MAX:
+        raise arg_value_error(
+            call,
+            "name",
+            f"must be at most {_SECTION_NAME_MAX} characters (the Stat section.<name> at most "
+            f"200), got {len(name)}",
+        )
+
+
 def _odd_ones_out(entries: list[dict[str, Any]], stopped: tuple[int, ...]) -> list[int]:
     """The stopped ranks whose step count or open section differ from those
     of most stopped ranks: when one rank hangs, the others block in the next
@@ -420,6 +553,151 @@ def _odd_ones_out(entries: list[dict[str, Any]], stopped: tuple[int, ...]) -> li
     if count * 2 <= len(places):
         return []
     return sorted(rank for rank, place in places.items() if place != common)
+
+
+def _store_timeout(interval: float) -> float:
+    """The bound of one call of the reporter to the store: the report
+    interval, from 2 to 10 s (a healthy store answers in milliseconds; a
+    large job's reads take longer)."""
+    return min(max(interval, 2.0), 10.0)
+
+
+def _store_port(store: Any) -> int | None:
+    """The port of the TCPStore under ``store`` (PrefixStores unwrapped),
+    None for another kind of store."""
+    for _ in range(32):
+        port = getattr(store, "port", None)
+        if isinstance(port, int) and hasattr(store, "host"):
+            return port
+        inner = getattr(store, "underlying_store", None)
+        if inner is None or inner is store:
+            return None
+        store = inner
+    return None
+
+
+def _sockets() -> dict[int, str]:
+    """This process's socket descriptors, each with its inode
+    (``socket:[N]``): which ones a call opened, even if a number was reused."""
+    found: dict[int, str] = {}
+    try:
+        names = os.listdir("/proc/self/fd")
+    except OSError:
+        return found
+    for name in names:
+        try:
+            target = os.readlink(f"/proc/self/fd/{name}")
+        except OSError:
+            continue
+        if target.startswith("socket:"):
+            found[int(name)] = target
+    return found
+
+
+def _peer_port(fd: int) -> int | None:
+    try:
+        sock = socket.socket(fileno=os.dup(fd))
+    except OSError:
+        return None
+    try:
+        return int(sock.getpeername()[1])
+    except (OSError, IndexError, TypeError, ValueError):
+        return None
+    finally:
+        sock.close()
+
+
+class _StoreLink:
+    """The reporter's own connection to the store: a ``clone()`` of it
+    (torch's way to use a store from another thread), whose calls are bounded
+    by ``timeout`` (the store's ``set_timeout`` for its waits, the socket's
+    receive and send timeouts for the rest: a TCPStore reads an answer with
+    no bound of its own), and which ``shut_down()`` ends from another thread.
+
+    Without ``clone`` (a store object of the user's) or where the
+    connection's socket cannot be found (no TCPStore under it, no /proc), the
+    store itself is used, unbounded, as before."""
+
+    def __init__(self, origin: Any, timeout: float) -> None:
+        self.origin = origin
+        self._timeout = timeout
+        self._port = _store_port(origin) if hasattr(origin, "clone") else None
+        self._template: Any = None  # a clone whose clones inherit the short timeout
+        self._client: Any = None
+        self._fds: list[int] = []
+        self._cloning_since: dict[int, str] | None = None
+        self._closed = False
+        self._lock = new_lock()
+
+    def client(self) -> Any:
+        with self._lock:
+            if self._closed:
+                raise RuntimeError("the watchdog is closed")
+            if self._port is None:
+                return self.origin
+            if self._client is not None:
+                return self._client
+            source = self._template if self._template is not None else self.origin
+            before = self._cloning_since = _sockets()
+        try:
+            client = source.clone()
+        finally:
+            with self._lock:
+                self._cloning_since = None
+        fds = [
+            fd
+            for fd, inode in _sockets().items()
+            if before.get(fd) != inode and _peer_port(fd) == self._port
+        ]
+        client.set_timeout(timedelta(seconds=self._timeout))
+        seconds = int(self._timeout)
+        limit = struct.pack("ll", seconds, int((self._timeout - seconds) * 1e6))
+        for fd in fds:
+            with socket.socket(fileno=os.dup(fd)) as sock:
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, limit)
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, limit)
+        with self._lock:
+            if self._closed:
+                _shut(fds)
+                raise RuntimeError("the watchdog is closed")
+            if self._template is None:
+                # Later connections are cloned from this one, whose timeout
+                # bounds their connect too (the origin's is torch's 300 s).
+                self._template = client
+            self._client, self._fds = client, fds
+            return client
+
+    def drop(self) -> None:
+        """After a failed call: the connection may be out of step with its
+        answers (a late answer would be read as the next one's), so the next
+        call makes a new one."""
+        with self._lock:
+            self._client, self._fds = None, []
+
+    def shut_down(self) -> None:
+        """Ends the connection under a call in progress, which raises at
+        once, and refuses later calls; also a connection being opened (the
+        sockets to the store's port made since its clone began)."""
+        with self._lock:
+            self._closed = True
+            fds = list(self._fds)
+            if self._cloning_since is not None and self._port is not None:
+                before = self._cloning_since
+                fds += [
+                    fd
+                    for fd, inode in _sockets().items()
+                    if before.get(fd) != inode and _peer_port(fd) == self._port
+                ]
+            _shut(fds)
+
+
+def _shut(fds: list[int]) -> None:
+    for fd in fds:
+        try:
+            with socket.socket(fileno=os.dup(fd)) as sock:
+                sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
 
 
 def _read_entries(store: Any, ranks: list[int]) -> list[dict[str, Any] | None]:
