@@ -44,6 +44,11 @@ floats10 = [1.5] * 10
 array10 = array.array("d", floats10)
 if HANDLERS:
     m.register_event_handler(lambda e: None)
+# torchmon's Watchdog (no thread of torch.monitor's): a beat, a section's block.
+wd = section = None
+if hasattr(m, "Watchdog"):
+    wd = m.Watchdog(min_timeout=3600.0, dump_dir=None, report_interval=3600.0)
+    section = wd.section("x")
 """
 
 CASES = [
@@ -61,6 +66,8 @@ CASES = [
     ("Event(name, ts, 3-field dict literal)", "Event('e', now, {'a': 1, 'b': 2.5, 'c': 'x'})", 0),
     ("(reference) the 3-field dict literal alone", "{'a': 1, 'b': 2.5, 'c': 'x'}", 0),
     ("event.data, 3 fields", "event.data", 0),
+    ("Watchdog.beat()", "wd.beat()", 0),
+    ("Watchdog section's with block", "with section: pass", 0),
 ]
 
 

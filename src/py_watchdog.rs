@@ -12,7 +12,7 @@ use pyo3::ffi;
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyString, PyTuple};
 
-use crate::py_convert::arg_value_error;
+use crate::py_convert::{arg_type_error, arg_value_error};
 use crate::py_stat::Stat;
 use torchmon_core::watchdog::{Config, Report, Shared, Watchdog};
 
@@ -133,8 +133,11 @@ impl PyWatchdog {
     /// the subclass's `_section_stat(name)`).
     fn section<'py>(
         slf: &Bound<'py, Self>,
-        name: &Bound<'py, PyString>,
+        name: &Bound<'py, PyAny>,
     ) -> PyResult<Bound<'py, PyAny>> {
+        let name = name
+            .cast::<PyString>()
+            .map_err(|_| arg_type_error("Watchdog.section", "name", "a str", name))?;
         let started = slf.get().started()?;
         let sections = started.sections.bind(slf.py());
         if let Some(section) = sections.get_item(name)? {

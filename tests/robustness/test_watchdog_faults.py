@@ -322,10 +322,17 @@ def test_sigterm_still_ends_a_process_whose_watchdog_was_refused_it(tmp_path: Pa
 
 @pytest.mark.parametrize(
     ("name", "error"),
-    [("", ValueError), ("  ", ValueError), ("a\nb", ValueError), ("x" * 193, ValueError)],
+    [
+        ("", ValueError),
+        ("  ", ValueError),
+        ("a\nb", ValueError),
+        ("x" * 193, ValueError),
+        (5, TypeError),
+        (b"data", TypeError),
+    ],
 )
 def test_a_bad_section_name_is_refused_naming_watchdog_section(
-    name: str, error: type[Exception]
+    name: Any, error: type[Exception]
 ) -> None:
     import torchmon
 

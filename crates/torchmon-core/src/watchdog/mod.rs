@@ -201,9 +201,9 @@ impl Shared {
         let now = clock::now_ms_for_window(clock::COARSE_CLOCK_MIN_WINDOW_MS);
         let previous = self.last_beat_ms.load(Ordering::Relaxed);
         self.last_beat_ms.store(now, Ordering::Relaxed);
-        self.sections.beat_on_this_thread();
         let beats = self.beats.load(Ordering::Relaxed) + 1;
         self.beats.store(beats, Ordering::Relaxed);
+        self.sections.beat_on_this_thread(beats);
         if beats <= self.config.warmup_beats {
             return;
         }
