@@ -624,7 +624,7 @@ class _StoreLink:
         self._port = _store_port(origin) if hasattr(origin, "clone") else None
         self._template: Any = None  # a clone whose clones inherit the short timeout
         self._client: Any = None
-        self._fds: list[int] = []
+        self._fds: list[tuple[int, str]] = []
         self._cloning_since: dict[int, str] | None = None
         self._closed = False
         self._lock = new_lock()
@@ -644,15 +644,17 @@ class _StoreLink:
         finally:
             with self._lock:
                 self._cloning_since = None
-        fds = [
-            fd
-            for fd, inode in _sockets().items()
-            if before.get(fd) != inode and _peer_port(fd) == self._port
-        ]
+        fds = _new_sockets_to(before, self._port)
+        if len(fds) != 1:
+            # Another thread connected to the store meanwhile (the process
+            # group's own client): which socket is the clone's is not known,
+            # and a bound or a shutdown of the other would break the job's
+            # store. This clone goes unbounded, as a store without clone().
+            fds = []
         client.set_timeout(timedelta(seconds=self._timeout))
         seconds = int(self._timeout)
         limit = struct.pack("ll", seconds, int((self._timeout - seconds) * 1e6))
-        for fd in fds:
+        for fd, _ in fds:
             with socket.socket(fileno=os.dup(fd)) as sock:
                 sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, limit)
                 sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, limit)
@@ -682,18 +684,29 @@ class _StoreLink:
             self._closed = True
             fds = list(self._fds)
             if self._cloning_since is not None and self._port is not None:
-                before = self._cloning_since
-                fds += [
-                    fd
-                    for fd, inode in _sockets().items()
-                    if before.get(fd) != inode and _peer_port(fd) == self._port
-                ]
+                opened = _new_sockets_to(self._cloning_since, self._port)
+                if len(opened) == 1:
+                    fds += opened
             _shut(fds)
 
 
-def _shut(fds: list[int]) -> None:
-    for fd in fds:
+def _new_sockets_to(before: dict[int, str], port: int | None) -> list[tuple[int, str]]:
+    """The sockets to ``port`` opened since ``before`` (``_sockets()``),
+    each with its inode."""
+    return [
+        (fd, inode)
+        for fd, inode in _sockets().items()
+        if before.get(fd) != inode and _peer_port(fd) == port
+    ]
+
+
+def _shut(fds: list[tuple[int, str]]) -> None:
+    """Shuts the sockets down, each only if its descriptor still holds the
+    same socket (a closed clone's number may since name another one)."""
+    for fd, inode in fds:
         try:
+            if os.readlink(f"/proc/self/fd/{fd}") != inode:
+                continue
             with socket.socket(fileno=os.dup(fd)) as sock:
                 sock.shutdown(socket.SHUT_RDWR)
         except OSError:
