@@ -20,6 +20,7 @@ from types import FrameType
 from . import _core, _tensors
 from ._errors import arg_message, arg_type_error, arg_value_error, check_optional_seconds
 from ._errors import report_unraisable as _report_unraisable
+from ._forksafe import new_lock
 
 # typing costs about 9 ms of `import torchmon` (docs/performance.md): its
 # names are for type checkers only here, as in the package's __init__.
@@ -174,7 +175,7 @@ def flush(timeout: float | None = None) -> bool:
 # at a time: a flush(timeout=0) every step while a sink is stuck must not
 # pile up a thread per call.
 _helper: tuple[int, threading.Event] | None = None
-_helper_lock = threading.Lock()
+_helper_lock = new_lock()
 
 
 def _flush_with_deadline(seconds: float) -> bool:
