@@ -1,14 +1,25 @@
-//! torchmon's core, free of PyO3: the windowed accumulator behind `Stat`
-//! (`stat`), the handler registry (`registry`), the bounded worker behind
-//! async handlers (`worker`) and their set (`async_handlers`), the torch
-//! wait counters' backend (`wait_counter`), the exit gate (`exit_gate`), the
-//! fork reset (`fork`), the clocks (`clock`), the window-size rule
-//! (`window`), the aggregations (`aggregation`), the per-window histogram of
-//! the P aggregations (`histogram`), with floats written as Python does
-//! (`decimal`), `torchmon summarize`'s reader (`summary`), and the TensorBoard event-file
-//! writer (`tensorboard`). The binding
-//! crate at the repository root (`torchmon._core`) is the only user;
-//! docs/internals.md has the module map.
+//! torchmon's core, free of PyO3. Its modules, by what they serve:
+//!
+//! - `Stat`: the windowed accumulator (`stat`), its aggregations
+//!   (`aggregation`), the per-window histogram of the P aggregations
+//!   (`histogram`), the window-size rule (`window`), the clocks (`clock`),
+//!   the atomics and lock it is built on (`sync`);
+//! - delivery: the handler registry (`registry`), the bounded worker
+//!   (`worker`) behind async handlers (`async_handlers`), the torch wait
+//!   counters' backend (`wait_counter`);
+//! - the process's life: the exit gate (`exit_gate`), the fork reset
+//!   (`fork`) and the locks a forked child replaces (`fork_safe`), the
+//!   core's threads (`threads`);
+//! - sinks and readers: Prometheus's exposition (`prometheus`) and server
+//!   (`prometheus_server`), the TensorBoard event-file writer
+//!   (`tensorboard`), `torchmon summarize`'s reader (`summary`), floats
+//!   written as Python does (`decimal`), the last few values of a key
+//!   (`recent`);
+//! - the hang watchdog (`watchdog`).
+//!
+//! The binding crate at the repository root (`torchmon._core`) is the only
+//! user; docs/internals.md has the module map, with what each module uses
+//! (checked by tests/api/test_module_map.py).
 #![deny(clippy::undocumented_unsafe_blocks)]
 
 pub mod aggregation;
