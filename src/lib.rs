@@ -73,6 +73,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     add_functions!(
         m,
         crate::py_event::_event_with_distribution,
+        crate::py_distribution::_unpickle_distribution,
         crate::py_watchdog::_set_stack_dumper,
         crate::py_watchdog::_signal_is_taken,
         crate::py_async::_close_async_handlers_at_exit,
@@ -108,6 +109,9 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     )?;
     m.add("STAT_EVENT", crate::py_window_event::STAT_EVENT)?;
     m.add("MAX_STAT_NAME_LENGTH", torchmon_core::stat::MAX_NAME_CHARS)?;
+    // The key of a non-finite float's object in JSON (`{"$float": "nan"}`),
+    // for the JSON-lines handler: the core's, which its readers use.
+    m.add("_FLOAT_TAG", torchmon_core::histogram::FLOAT_TAG)?;
     m.add(
         "_BUCKET_MIDPOINTS",
         pyo3::types::PyTuple::new(m.py(), torchmon_core::histogram::MIDPOINTS)?,

@@ -459,14 +459,18 @@ impl PyDistribution {
         Err(immutable("delete", name)?)
     }
 
-    /// Pickled as before the type was native, `_restore(scale, count, ...)`,
-    /// so that pickles read across versions.
+    /// Pickled as `_core._unpickle_distribution(scale, count, ...)`, the
+    /// fields in `FIELDS`' order (the order of the pickles written before
+    /// the type was native, whose `torchmon._distribution._restore` is the
+    /// same function).
     fn __reduce__<'py>(
         slf: &Bound<'py, Self>,
     ) -> PyResult<(Bound<'py, PyAny>, Bound<'py, PyTuple>)> {
         let py = slf.py();
-        let restore = py.import("torchmon._distribution")?.getattr("_restore")?;
-        Ok((restore, PyTuple::new(py, slf.get().values(py, false)?)?))
+        let unpickle = py
+            .import("torchmon._core")?
+            .getattr("_unpickle_distribution")?;
+        Ok((unpickle, PyTuple::new(py, slf.get().values(py, false)?)?))
     }
 
     fn __repr__(&self) -> String {
@@ -498,4 +502,17 @@ impl PyDistribution {
             negative.counts,
         )
     }
+}
+
+/// A pickled `Distribution`: its fields in `FIELDS`' order, checked by the
+/// keyword constructor as any other.
+#[pyfunction]
+#[pyo3(signature = (*values))]
+pub fn _unpickle_distribution<'py>(values: &Bound<'py, PyTuple>) -> PyResult<Bound<'py, PyAny>> {
+    let py = values.py();
+    let fields = PyDict::new(py);
+    for (name, value) in FIELDS.into_iter().zip(values.iter()) {
+        fields.set_item(name, value)?;
+    }
+    py.get_type::<PyDistribution>().call((), Some(&fields))
 }

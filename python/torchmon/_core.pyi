@@ -23,6 +23,7 @@ __all__ = [
     "STAT_EVENT",
     "_AGGREGATION_KEY_SUFFIXES",
     "_BUCKET_MIDPOINTS",
+    "_FLOAT_TAG",
     "_TORCH_WAIT_COUNTER_PROBE_KEY",
     "Aggregation",
     "AsyncEventHandler",
@@ -42,6 +43,7 @@ __all__ = [
     "_drain_async_handlers",
     "_enable_torch_wait_counters",
     "_event_with_distribution",
+    "_unpickle_distribution",
     "_exit_gate_state",
     "_flush_all_stats",
     "_flush_stats_now",
@@ -77,6 +79,7 @@ _AGGREGATION_KEY_SUFFIXES: tuple[str, ...]
 #: 2 ** ((j + 0.5) / 64) for j in 0..63, the doubles the P aggregations
 #: scale to report a bucket (docs/api.md).
 _BUCKET_MIDPOINTS: tuple[float, ...]
+_FLOAT_TAG: str
 
 @final
 class Distribution:
@@ -294,6 +297,7 @@ def _live_stat_count() -> int: ...
 def _event_with_distribution(
     name: _Text, timestamp: datetime | date | time, data: _EventData, distribution: Distribution
 ) -> Event: ...
+def _unpickle_distribution(*values: object) -> Distribution: ...
 def _reset_stats_after_fork() -> int: ...
 def _install_tensor_support(
     tensor_type: type,

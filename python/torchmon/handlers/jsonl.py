@@ -42,7 +42,7 @@ from contextlib import AbstractContextManager
 from datetime import datetime, timedelta, timezone
 from typing import TYPE_CHECKING, Any, BinaryIO, Generic, Literal, TypeVar, overload
 
-from .._core import Event
+from .._core import _FLOAT_TAG, Event
 from .._errors import arg_type_error, arg_value_error, check_int
 from .._forksafe import new_lock
 from ._common import ClosesOnExit
@@ -55,7 +55,7 @@ _T = TypeVar("_T")
 __all__ = ["FLOAT_TAG", "JsonlEventHandler", "JsonlReader", "read_jsonl"]
 
 #: The key of the object that encodes a non-finite float (``{"$float": "nan"}``).
-FLOAT_TAG = "$float"
+FLOAT_TAG = _FLOAT_TAG
 
 # What str.splitlines() breaks at besides the control characters json escapes.
 _SPLITLINES_BREAKS = re.compile("[\x85\u2028\u2029]")

@@ -27,7 +27,7 @@
 use std::borrow::Cow;
 use std::fmt;
 
-use crate::histogram::DistributionParts;
+use crate::histogram::{DistributionParts, FLOAT_TAG};
 use serde::de::{self, DeserializeSeed, Deserializer, MapAccess, SeqAccess, Visitor};
 
 /// A data value as `torchmon summarize` needs it: a number (an int or a
@@ -197,7 +197,7 @@ fn plain_float(v: f64) -> bool {
 
 fn tagged_float<'de, A: MapAccess<'de>>(mut map: A) -> Result<f64, A::Error> {
     let key = map.next_key::<Text<'de>>()?.ok_or_else(not_handled)?;
-    if key.0 != "$float" {
+    if key.0 != FLOAT_TAG {
         return Err(not_handled());
     }
     let value = match &*map.next_value::<Text<'de>>()?.0 {
