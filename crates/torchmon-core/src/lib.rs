@@ -14,7 +14,8 @@
 //!   (`prometheus_server`), the TensorBoard event-file writer
 //!   (`tensorboard`), `torchmon summarize`'s reader (`summary`), floats
 //!   written as Python does (`decimal`), the last few values of a key
-//!   (`recent`);
+//!   (`recent`), the protobuf writer of the sinks that write protobuf
+//!   (`wire`);
 //! - the hang watchdog (`watchdog`).
 //!
 //! The binding crate at the repository root (`torchmon._core`) is the only
@@ -48,4 +49,5 @@ pub mod threads;
 pub mod wait_counter;
 pub mod watchdog;
 pub mod window;
+mod wire;
 pub mod worker;
