@@ -10,10 +10,9 @@ use pyo3::types::PyBytes;
 use std::sync::Arc;
 use std::sync::atomic::AtomicBool;
 use std::time::Duration;
+use torchmon_core::prometheus::negotiate::{Escaping, Format, Negotiated, negotiate};
 use torchmon_core::prometheus::{ClassicLayout, Exposition, Reading, Served};
-use torchmon_core::prometheus_server::{
-    Escaping, Format, Limits, MAX_HEAD, Negotiated, Render, Server, negotiate,
-};
+use torchmon_core::prometheus_server::{Limits, MAX_HEAD, Render, Server};
 
 /// The outer lock is only ever taken while attached to Python and held for
 /// an `Arc` clone or swap, so on GIL builds no thread holds it at a fork.

@@ -7,8 +7,8 @@
 //! decodes the bytes with protobuf's own Python runtime (tests/sinks) as
 //! does a real Prometheus.
 
+use super::negotiate::Escaping;
 use super::{Cumulative, Exposition, Value, ZERO_THRESHOLD};
-use crate::prometheus_server::Escaping;
 use crate::wire::protobuf::{Encoder, delimited, fields};
 use std::time::{SystemTime, UNIX_EPOCH};
 
