@@ -10,7 +10,8 @@
 //! distribution's buckets and the native and classic histograms read from
 //! them; `protobuf`, the delimited `MetricFamily` encoding; `text`, the text
 //! format 0.0.4; `negotiate`, which of them and which name escaping a
-//! scrape gets (docs/internals.md, the module map).
+//! scrape gets; `server`, the HTTP server of `serve()` (docs/internals.md,
+//! the module map).
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -21,6 +22,7 @@ use parking_lot::Mutex;
 mod cumulative;
 pub mod negotiate;
 mod protobuf;
+pub mod server;
 mod text;
 
 pub use cumulative::{ClassicLayout, Cumulative, MIN_SCHEMA, Native, ZERO_THRESHOLD};

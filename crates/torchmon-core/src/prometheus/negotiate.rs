@@ -99,7 +99,7 @@ impl Negotiated {
 /// Whether an `Accept` header prefers the delimited MetricFamily protobuf:
 /// its quality is above 0 and at least that of every text format it names.
 /// A header naming no known format gets text. The one negotiation of every
-/// scrape path: the server's (`prometheus_server`), and
+/// scrape path: the server's (`server`), and
 /// `PrometheusEventHandler.render()`'s through the binding
 /// (python/torchmon/handlers/prometheus.py).
 pub fn accepts_protobuf(accept: &str) -> bool {
@@ -159,7 +159,7 @@ fn accept_entries(accept: &str) -> Vec<AcceptEntry<'_>> {
 /// entries by falling quality, up to the first naming the chosen format,
 /// the last known `escaping=` among them wins; an unknown one is ignored.
 /// The one negotiation of every scrape path: the server's
-/// (`prometheus_server`), and `PrometheusEventHandler.render()`'s through
+/// (`server`), and `PrometheusEventHandler.render()`'s through
 /// the binding.
 pub fn negotiate(accept: &str) -> Negotiated {
     let mut entries = accept_entries(accept);

@@ -28,7 +28,7 @@
 //! the whole server is the few lines below; a library would add a runtime
 //! or a dependency tree to a package whose other sinks need none.
 
-use crate::prometheus::negotiate::{Negotiated, negotiate};
+use super::negotiate::{Negotiated, negotiate};
 use std::io::{self, Read, Write};
 use std::net::{Shutdown, TcpListener, TcpStream, ToSocketAddrs};
 use std::os::fd::{AsRawFd, FromRawFd, IntoRawFd};
