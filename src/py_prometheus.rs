@@ -10,10 +10,9 @@ use pyo3::types::PyBytes;
 use std::sync::Arc;
 use std::sync::atomic::AtomicBool;
 use std::time::Duration;
+use torchmon_core::prometheus::negotiate::{Escaping, Format, Negotiated, negotiate};
+use torchmon_core::prometheus::server::{Limits, MAX_HEAD, Render, Server};
 use torchmon_core::prometheus::{ClassicLayout, Exposition, Reading, Served};
-use torchmon_core::prometheus_server::{
-    Escaping, Format, Limits, MAX_HEAD, Negotiated, Render, Server, negotiate,
-};
 
 /// The outer lock is only ever taken while attached to Python and held for
 /// an `Arc` clone or swap, so on GIL builds no thread holds it at a fork.
@@ -179,7 +178,7 @@ impl _PrometheusExposition {
     }
 
     /// Serves `render`'s bodies over HTTP on `host:port` from a Rust thread
-    /// that never attaches to Python (torchmon_core::prometheus_server);
+    /// that never attaches to Python (torchmon_core::prometheus::server);
     /// returns the port. An `OSError` with the errno if it cannot bind.
     fn serve(&self, py: Python<'_>, host: &str, port: u16) -> PyResult<u16> {
         if self.server.lock().is_some() {

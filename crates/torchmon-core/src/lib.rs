@@ -10,11 +10,12 @@
 //! - the process's life: the exit gate (`exit_gate`), the fork reset
 //!   (`fork`) and the locks a forked child replaces (`fork_safe`), the
 //!   core's threads (`threads`);
-//! - sinks and readers: Prometheus's exposition (`prometheus`) and server
-//!   (`prometheus_server`), the TensorBoard event-file writer
-//!   (`tensorboard`), `torchmon summarize`'s reader (`summary`), floats
-//!   written as Python does (`decimal`), the last few values of a key
-//!   (`recent`);
+//! - sinks and readers: Prometheus's exposition, with its scrape
+//!   negotiation and server (`prometheus`), the TensorBoard event-file
+//!   writer (`tensorboard`), `torchmon summarize`'s reader (`summary`),
+//!   floats written as Python does (`decimal`), the last few values of a
+//!   key (`recent`), the protobuf writer of the sinks that write protobuf
+//!   (`wire`);
 //! - the hang watchdog (`watchdog`).
 //!
 //! The binding crate at the repository root (`torchmon._core`) is the only
@@ -33,7 +34,6 @@ pub mod fork;
 pub mod fork_safe;
 pub mod histogram;
 pub mod prometheus;
-pub mod prometheus_server;
 pub mod recent;
 pub mod registry;
 pub mod stat;
@@ -48,4 +48,5 @@ pub mod threads;
 pub mod wait_counter;
 pub mod watchdog;
 pub mod window;
+mod wire;
 pub mod worker;

@@ -9,7 +9,9 @@
 //! feeding, a lock per metric); the rest by concern: `cumulative`, one
 //! distribution's buckets and the native and classic histograms read from
 //! them; `protobuf`, the delimited `MetricFamily` encoding; `text`, the text
-//! format 0.0.4 (docs/internals.md, the module map).
+//! format 0.0.4; `negotiate`, which of them and which name escaping a
+//! scrape gets; `server`, the HTTP server of `serve()` (docs/internals.md,
+//! the module map).
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -18,13 +20,15 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use parking_lot::Mutex;
 
 mod cumulative;
+pub mod negotiate;
 mod protobuf;
+pub mod server;
 mod text;
 
 pub use cumulative::{ClassicLayout, Cumulative, MIN_SCHEMA, Native, ZERO_THRESHOLD};
 pub use text::go_float;
 
-use crate::prometheus_server::{Escaping, Format, Negotiated};
+use negotiate::{Escaping, Format, Negotiated};
 use std::borrow::Cow;
 use std::time::SystemTime;
 

@@ -2,8 +2,8 @@
 //! writes for the same registry (python/torchmon/handlers/prometheus.py):
 //! its escaping, its label order and its `floatToGoString` (`go_float`).
 
+use super::negotiate::Escaping;
 use super::{ClassicLayout, Exposition, Value, is_legacy_name};
-use crate::prometheus_server::Escaping;
 
 /// The text exposition's label sets, rendered once: every label sorted by
 /// name (`name="value"`, escaped), and for a histogram's buckets the labels

@@ -183,7 +183,6 @@ impl EventFileWriter {
             batch: 0,
             data: Vec::new(),
             record: Vec::new(),
-            scratch: proto::Scratch::default(),
         };
         let worker =
             Worker::spawn(CAPACITY, sink, "torchmon-tensorboard").map_err(|error| CreateError {
@@ -313,7 +312,6 @@ struct FileSink {
     data: Vec<u8>,
     /// The records of the batch, not written yet.
     record: Vec<u8>,
-    scratch: proto::Scratch,
 }
 
 /// Past this many encoded bytes a batch is written before the next window
@@ -325,7 +323,7 @@ impl FileSink {
     /// Encodes `event` as one record at the end of `self.record`.
     fn encode(&mut self, event: &SummaryEvent) {
         self.data.clear();
-        event.encode(&mut self.data, &mut self.scratch);
+        event.encode(&mut self.data);
         record::append_record(&mut self.record, &self.data);
         self.batch += 1;
     }

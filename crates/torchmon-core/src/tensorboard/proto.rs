@@ -1,34 +1,14 @@
 //! The few messages of TensorBoard's `event.proto`, `summary.proto` and
 //! `histogram.proto` that a window needs (`Event`, `Summary`,
-//! `Summary.Value`, `HistogramProto`), encoded by hand as
-//! prometheus/protobuf.rs does: every field number is a named constant
-//! below, checked by a test against tests/data/tensorboard.proto (written
-//! out from tensorboard's own descriptors), and the bytes of a whole event
-//! are checked against what tensorboard's protobuf runtime writes.
+//! `Summary.Value`, `HistogramProto`), written with the crate's one
+//! protobuf writer (`crate::wire::protobuf`): every field number is a named
+//! constant below, checked by a test against tests/data/tensorboard.proto
+//! (written out from tensorboard's own descriptors), and the bytes of a
+//! whole event are checked against what tensorboard's protobuf runtime
+//! writes.
 
 use crate::histogram::{Distribution, bucket_upper, representative};
-
-/// Declares a module of field numbers per message, named as in the proto
-/// (the constant is the field name in upper case), and, for the test
-/// against the proto, the table of them all.
-macro_rules! fields {
-    ($(
-        $(#[$doc:meta])*
-        mod $module:ident = $message:literal { $($field:ident = $number:literal,)* }
-    )*) => {
-        $(
-            $(#[$doc])*
-            mod $module {
-                $(pub const $field: u32 = $number;)*
-            }
-        )*
-        /// (message, constant, number) for every constant above.
-        #[cfg(test)]
-        const FIELDS: &[(&str, &str, u32)] = &[
-            $($(($message, stringify!($field), $module::$field),)*)*
-        ];
-    };
-}
+use crate::wire::protobuf::{Encoder, fields};
 
 fields! {
     /// `message Event` (tensorboard/compat/proto/event.proto).
@@ -75,52 +55,35 @@ pub struct SummaryEvent {
 
 /// The `Event` that opens a file: `file_version: "brain.Event:2"`.
 pub fn encode_file_version(wall_time: f64, out: &mut Vec<u8>) {
-    let mut e = Encoder(out);
+    let mut e = Encoder::new(out);
     e.double(event::WALL_TIME, wall_time);
     e.bytes(event::FILE_VERSION, FILE_VERSION.as_bytes());
 }
 
 impl SummaryEvent {
-    /// The `Event` message; `scratch` is reused between calls.
-    pub fn encode(&self, out: &mut Vec<u8>, scratch: &mut Scratch) {
-        let Scratch {
-            summary,
-            value,
-            histo,
-        } = scratch;
-        summary.clear();
-        for (tag, number) in &self.scalars {
-            value.clear();
-            let mut v = Encoder(value);
-            v.bytes(value::TAG, tag.as_bytes());
-            // `float` in summary.proto: TensorBoard keeps scalars as
-            // float32 (NaN and the infinities included), as SummaryWriter's
-            // add_scalar does.
-            v.float_always(value::SIMPLE_VALUE, *number as f32);
-            Encoder(summary).bytes(summary::VALUE, value);
-        }
-        for (tag, distribution) in &self.histograms {
-            histo.clear();
-            encode_histogram(distribution, histo);
-            value.clear();
-            let mut v = Encoder(value);
-            v.bytes(value::TAG, tag.as_bytes());
-            v.bytes(value::HISTO, histo);
-            Encoder(summary).bytes(summary::VALUE, value);
-        }
-        let mut e = Encoder(out);
+    /// The `Event` message.
+    pub fn encode(&self, out: &mut Vec<u8>) {
+        let mut e = Encoder::new(out);
         e.double(event::WALL_TIME, self.wall_time);
         e.varint(event::STEP, self.step as u64);
-        e.bytes(event::SUMMARY, summary);
+        e.message(event::SUMMARY, |s| {
+            for (tag, number) in &self.scalars {
+                s.message(summary::VALUE, |v| {
+                    v.bytes(value::TAG, tag.as_bytes());
+                    // `float` in summary.proto: TensorBoard keeps scalars as
+                    // float32 (NaN and the infinities included), as
+                    // SummaryWriter's add_scalar does.
+                    v.float_always(value::SIMPLE_VALUE, *number as f32);
+                });
+            }
+            for (tag, distribution) in &self.histograms {
+                s.message(summary::VALUE, |v| {
+                    v.bytes(value::TAG, tag.as_bytes());
+                    v.message(value::HISTO, |h| encode_histogram(distribution, h));
+                });
+            }
+        });
     }
-}
-
-/// Buffers `SummaryEvent::encode` reuses.
-#[derive(Default)]
-pub struct Scratch {
-    summary: Vec<u8>,
-    value: Vec<u8>,
-    histo: Vec<u8>,
 }
 
 /// A window's histogram as TensorBoard's buckets: `bucket_limit[i]` is the
@@ -225,10 +188,9 @@ fn finite_sum(d: &Distribution) -> f64 {
     side(&b.positive) - side(&b.negative)
 }
 
-fn encode_histogram(d: &Distribution, out: &mut Vec<u8>) {
+fn encode_histogram(d: &Distribution, h: &mut Encoder<'_>) {
     let (limits, counts) = histogram_buckets(d);
     let (min, max) = histogram_range(d);
-    let mut h = Encoder(out);
     h.double(histogram_proto::MIN, min);
     h.double(histogram_proto::MAX, max);
     h.double(histogram_proto::NUM, d.count as f64);
@@ -238,102 +200,22 @@ fn encode_histogram(d: &Distribution, out: &mut Vec<u8>) {
     h.packed_doubles(histogram_proto::BUCKET, &counts);
 }
 
-/// Protobuf wire format writer. Proto3 scalars at their default (all bits
-/// zero) are left out, as protobuf's own writers do; `float_always` writes a
-/// member of a oneof, which is written even at zero.
-struct Encoder<'a>(&'a mut Vec<u8>);
-
-impl Encoder<'_> {
-    fn key(&mut self, field: u32, wire_type: u8) {
-        put_varint(self.0, (u64::from(field) << 3) | u64::from(wire_type));
-    }
-
-    fn varint(&mut self, field: u32, value: u64) {
-        if value != 0 {
-            self.key(field, 0);
-            put_varint(self.0, value);
-        }
-    }
-
-    fn double(&mut self, field: u32, value: f64) {
-        if value.to_bits() != 0 {
-            self.key(field, 1);
-            self.0.extend_from_slice(&value.to_le_bytes());
-        }
-    }
-
-    fn float_always(&mut self, field: u32, value: f32) {
-        self.key(field, 5);
-        self.0.extend_from_slice(&value.to_le_bytes());
-    }
-
-    fn packed_doubles(&mut self, field: u32, values: &[f64]) {
-        if values.is_empty() {
-            return;
-        }
-        self.key(field, 2);
-        put_varint(self.0, (values.len() * 8) as u64);
-        for value in values {
-            self.0.extend_from_slice(&value.to_le_bytes());
-        }
-    }
-
-    fn bytes(&mut self, field: u32, bytes: &[u8]) {
-        self.key(field, 2);
-        put_varint(self.0, bytes.len() as u64);
-        self.0.extend_from_slice(bytes);
-    }
-}
-
-fn put_varint(out: &mut Vec<u8>, mut value: u64) {
-    while value >= 0x80 {
-        out.push((value as u8) | 0x80);
-        value >>= 7;
-    }
-    out.push(value as u8);
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::histogram::{Buckets, bucket_index};
-    use std::collections::HashMap;
+    use crate::histogram::bucket_index;
+    use crate::wire::protobuf::test_support;
     use std::sync::Arc;
-
-    /// tests/data/tensorboard.proto: per message, each field's number by
-    /// name, from its `<type> <name> = <number>;` lines.
-    fn proto_numbers() -> HashMap<(String, String), u32> {
-        let text = include_str!("../../tests/data/tensorboard.proto");
-        let mut numbers = HashMap::new();
-        let mut message = None;
-        for line in text.lines() {
-            let line = line.split("//").next().unwrap_or("").trim();
-            let words: Vec<&str> = line.split_whitespace().collect();
-            match words.as_slice() {
-                ["message", name, "{"] => message = Some((*name).to_owned()),
-                ["}"] => message = None,
-                [.., name, "=", number] if message.is_some() => {
-                    let number: u32 = number.trim_end_matches(';').parse().unwrap();
-                    numbers.insert((message.clone().unwrap(), (*name).to_owned()), number);
-                }
-                _ => {}
-            }
-        }
-        numbers
-    }
 
     #[test]
     fn field_numbers_are_the_protos() {
-        let proto = proto_numbers();
-        assert!(proto.len() > 20, "the proto was not read");
-        for &(message, constant, number) in FIELDS {
-            let name = constant.to_lowercase();
-            assert_eq!(
-                proto.get(&(message.to_owned(), name.clone())),
-                Some(&number),
-                "{message}.{name}"
-            );
-        }
+        let proto = include_str!("../../tests/data/tensorboard.proto");
+        test_support::assert_fields_are_the_protos(FIELDS, proto);
+    }
+
+    #[test]
+    fn the_writer_names_every_field_it_writes() {
+        test_support::assert_no_bare_field_numbers(include_str!("proto.rs"));
     }
 
     fn hex(bytes: &[u8]) -> String {
@@ -345,38 +227,28 @@ mod tests {
     // field order and packing included.
     #[test]
     fn a_summary_event_is_encoded_as_protobuf_does() {
-        let distribution = Distribution {
-            count: 2,
-            sum: 3.0,
-            min: 1.0,
-            max: 2.0,
-            buckets: Buckets::default(),
-        };
         let mut out = Vec::new();
-        let mut histo = Vec::new();
-        let mut h = Encoder(&mut histo);
-        h.double(histogram_proto::MIN, distribution.min);
-        h.double(histogram_proto::MAX, distribution.max);
-        h.double(histogram_proto::NUM, 2.0);
-        h.double(histogram_proto::SUM, 3.0);
-        h.double(histogram_proto::SUM_SQUARES, 5.0);
-        h.packed_doubles(histogram_proto::BUCKET_LIMIT, &[1.0, 2.0]);
-        h.packed_doubles(histogram_proto::BUCKET, &[1.0, 1.0]);
-        let mut summary = Vec::new();
-        let mut value = Vec::new();
-        let mut v = Encoder(&mut value);
-        v.bytes(value::TAG, b"a");
-        v.float_always(value::SIMPLE_VALUE, 0.5);
-        Encoder(&mut summary).bytes(summary::VALUE, &value);
-        value.clear();
-        let mut v = Encoder(&mut value);
-        v.bytes(value::TAG, b"h");
-        v.bytes(value::HISTO, &histo);
-        Encoder(&mut summary).bytes(summary::VALUE, &value);
-        let mut e = Encoder(&mut out);
+        let mut e = Encoder::new(&mut out);
         e.double(event::WALL_TIME, 1.5);
         e.varint(event::STEP, 3);
-        e.bytes(event::SUMMARY, &summary);
+        e.message(event::SUMMARY, |s| {
+            s.message(summary::VALUE, |v| {
+                v.bytes(value::TAG, b"a");
+                v.float_always(value::SIMPLE_VALUE, 0.5);
+            });
+            s.message(summary::VALUE, |v| {
+                v.bytes(value::TAG, b"h");
+                v.message(value::HISTO, |h| {
+                    h.double(histogram_proto::MIN, 1.0);
+                    h.double(histogram_proto::MAX, 2.0);
+                    h.double(histogram_proto::NUM, 2.0);
+                    h.double(histogram_proto::SUM, 3.0);
+                    h.double(histogram_proto::SUM_SQUARES, 5.0);
+                    h.packed_doubles(histogram_proto::BUCKET_LIMIT, &[1.0, 2.0]);
+                    h.packed_doubles(histogram_proto::BUCKET, &[1.0, 1.0]);
+                });
+            });
+        });
         assert_eq!(
             hex(&out),
             "09000000000000f83f10032a620a080a0161150000003f0a560a01682a5109000000000000f03f11\
@@ -400,7 +272,7 @@ mod tests {
             scalars: vec![("z".to_owned(), 0.0)],
             histograms: vec![],
         };
-        event.encode(&mut out, &mut Scratch::default());
+        event.encode(&mut out);
         assert_eq!(
             hex(&out),
             "09000000000000f83f10ffffffffffffffffff012a0a0a080a017a1500000000"
@@ -467,6 +339,69 @@ mod tests {
         assert!((6.9..7.1).contains(&finite_sum(&finite)));
     }
 
+    /// The opening event and a summary event whose bytes take every path
+    /// of the encoder: scalars at 0, negative and NaN, a negative step, and
+    /// histograms of both signs with zeros, infinities, a NaN and a gap
+    /// between buckets, and an empty one.
+    fn representative_events() -> Vec<Vec<u8>> {
+        let mut opening = Vec::new();
+        encode_file_version(1_700_000_000.25, &mut opening);
+        let wide = distribution_of(&[
+            -3.0,
+            -3.0,
+            -0.25,
+            0.0,
+            0.0,
+            1.0,
+            1.01,
+            100.0,
+            1e300,
+            f64::INFINITY,
+            f64::NEG_INFINITY,
+            f64::NAN,
+        ]);
+        let event = SummaryEvent {
+            wall_time: 1_700_000_000.5,
+            step: -12345,
+            scalars: vec![
+                ("zero".to_owned(), 0.0),
+                ("loss".to_owned(), -1.5),
+                ("nan".to_owned(), f64::NAN),
+            ],
+            histograms: vec![
+                ("wide".to_owned(), Arc::new(wide)),
+                ("empty".to_owned(), Arc::new(distribution_of(&[]))),
+            ],
+        };
+        let mut summary = Vec::new();
+        event.encode(&mut summary);
+        vec![opening, summary]
+    }
+
+    // The expected bytes were produced by this encoder before its writer
+    // became the shared one (crate::wire), which must not change a byte;
+    // the encoder's events are read back by tensorboard's own protobuf
+    // runtime and loader in tests/sinks/test_tensorboard_native.py.
+    #[test]
+    fn the_events_are_byte_for_byte_those_before_the_wire_module() {
+        let events: Vec<String> = representative_events().iter().map(|e| hex(e)).collect();
+        assert_eq!(
+            events,
+            [
+                "0900001040fc54d9411a0d627261696e2e4576656e743a32",
+                "0900002040fc54d94110c79fffffffffffffff012ab0020a0b0a047a65726f15000000000a0b0a04\
+                 6c6f7373150000c0bf0a0a0a036e616e150000c07f0aea010a04776964652ae1010912ce4c998925\
+                 08c01112ce4c998925387e19000000000000284021121a3e542704387e29000000000000f07f3258\
+                 634ecf36f3e207c0010000000000d0bfd9909e81c1a7cfbf0000000000000000d8909e81c1a7ef3f\
+                 000000000000f03f6080773e9a2cf03f36771599aef15840e4c5cdb037375940624ecf36f3e2377e\
+                 12ce4c998925387e3a5800000000000000400000000000000000000000000000f03f000000000000\
+                 00400000000000000000000000000000f03f000000000000f03f0000000000000000000000000000\
+                 f03f0000000000000000000000000000f03f0a1b0a05656d7074792a122100000000000000802900\
+                 00000000000080",
+            ]
+        );
+    }
+
     #[test]
     fn histogram_message_counts_the_window() {
         let d = distribution_of(&[1.0, 2.0, 2.0, f64::NAN]);
@@ -477,7 +412,7 @@ mod tests {
             histograms: vec![("h".to_owned(), Arc::new(d))],
         };
         let mut out = Vec::new();
-        event.encode(&mut out, &mut Scratch::default());
+        event.encode(&mut out);
         // NUM = 4.0 (count with the NaN) as a double after its key.
         let key = ((histogram_proto::NUM << 3) | 1) as u8;
         let mut expected = vec![key];
