@@ -67,6 +67,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
         crate::py_prometheus::_PrometheusExposition,
         crate::py_summary::_Summary,
         crate::py_tensorboard::_TensorboardWriter,
+        crate::py_tensorboard::_TensorboardConversion,
         crate::py_watchdog::PyWatchdog,
         crate::py_watchdog::PySection,
     );

@@ -2,14 +2,18 @@
 //! the native writer of `TensorboardEventHandler.logdir` (python/torchmon/
 //! handlers/tensorboard.py) and `torchmon to-tensorboard`. It only converts
 //! the Python arguments; the encoding and the file I/O run on the core's
-//! worker thread.
+//! worker thread. `_TensorboardConversion` is `torchmon to-tensorboard`'s
+//! reader: the core's `tensorboard::convert` fed the log's bytes, queuing on
+//! a `_TensorboardWriter` without a Python object per Stat line.
 
 use crate::py_distribution::PyDistribution;
-use pyo3::exceptions::PyOSError;
+use pyo3::exceptions::{PyOSError, PyRuntimeError};
 use pyo3::prelude::*;
+use pyo3::types::{PyBool, PyBytes};
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+use torchmon_core::tensorboard::convert::{ConvertError, Conversion, Relayed};
 use torchmon_core::tensorboard::{EventFileWriter, SummaryEvent, Written};
 
 #[pyclass(module = "torchmon._core", frozen, weakref)]
@@ -23,6 +27,17 @@ fn patience(seconds: Option<f64>) -> Duration {
         Some(s) if s.is_finite() && s >= 0.0 => Duration::from_secs_f64(s.min(3.0e7)),
         Some(s) if s.is_nan() || s < 0.0 => Duration::ZERO,
         _ => Duration::from_secs(365 * 24 * 3600),
+    }
+}
+
+impl _TensorboardWriter {
+    /// Queues `event`, waiting for room without the GIL when the queue is
+    /// full.
+    fn queue(&self, py: Python<'_>, event: SummaryEvent) -> Written {
+        match self.inner.try_write(event) {
+            Ok(written) => written,
+            Err(event) => py.detach(|| self.inner.write_within(event, patience(None))),
+        }
     }
 }
 
@@ -92,11 +107,7 @@ impl _TensorboardWriter {
                 .map(|(tag, d)| vec![(tag, Arc::clone(d.core()))])
                 .unwrap_or_default(),
         };
-        let written = match self.inner.try_write(event) {
-            Ok(written) => written,
-            Err(event) => py.detach(|| self.inner.write_within(event, patience(None))),
-        };
-        Ok(written == Written::Queued)
+        Ok(self.queue(py, event) == Written::Queued)
     }
 
     /// Waits up to `timeout` seconds (`None`: no limit) for everything
@@ -113,5 +124,72 @@ impl _TensorboardWriter {
     fn close(&self, py: Python<'_>, timeout: Option<f64>) -> bool {
         let patience = patience(timeout);
         py.detach(|| self.inner.close(patience))
+    }
+}
+
+#[pyclass(module = "torchmon._core")]
+pub struct _TensorboardConversion {
+    conversion: Conversion,
+    writer: Py<_TensorboardWriter>,
+    /// The reader of a line the core leaves to Python: `relay(line, lineno)`
+    /// returns None (no event), True (an event it wrote itself) or, for a
+    /// Stat event, `(its JSON line again, its wall time)`.
+    relay: Py<PyAny>,
+}
+
+#[pymethods]
+impl _TensorboardConversion {
+    /// `grouped`: `--layout grouped`; `line_limit`: the longest line, its
+    /// newline included.
+    #[new]
+    fn new(
+        writer: Py<_TensorboardWriter>,
+        grouped: bool,
+        line_limit: usize,
+        relay: Py<PyAny>,
+    ) -> Self {
+        _TensorboardConversion {
+            conversion: Conversion::new(grouped, line_limit),
+            writer,
+            relay,
+        }
+    }
+
+    /// The log's next bytes (`b""` at its end); returns the number of a line
+    /// longer than `line_limit`, or 0. At the end: how many events it held.
+    fn feed(&mut self, py: Python<'_>, block: &[u8]) -> PyResult<u64> {
+        let relay = self.relay.bind(py);
+        let mut call = |line: &[u8], lineno: u64| -> PyResult<Relayed> {
+            let made = relay.call1((PyBytes::new(py, line), lineno))?;
+            if made.is_none() {
+                return Ok(Relayed::Nothing);
+            }
+            if made.is_instance_of::<PyBool>() {
+                return Ok(Relayed::Handled);
+            }
+            let (line, wall_time) = made.extract::<(Bound<'_, PyBytes>, f64)>()?;
+            Ok(Relayed::Stat(line.as_bytes().to_vec(), wall_time))
+        };
+        let writer = self.writer.get();
+        let mut emit = |event: SummaryEvent| {
+            writer.queue(py, event);
+        };
+        let result = match block {
+            [] => self.conversion.finish(&mut call, &mut emit),
+            _ => self.conversion.feed(block, &mut call, &mut emit).map(|()| 0),
+        };
+        match result {
+            Ok(n) | Err(ConvertError::LineTooLong(n)) => Ok(n),
+            Err(ConvertError::Relay(err)) => Err(err),
+            Err(ConvertError::Unread(n)) => Err(PyRuntimeError::new_err(format!(
+                "line {n}: its Stat event, written again, did not read"
+            ))),
+        }
+    }
+
+    /// `(events, scalars from Stat events)` so far.
+    #[getter]
+    fn counts(&self) -> (u64, u64) {
+        (self.conversion.records(), self.conversion.stat_scalars())
     }
 }

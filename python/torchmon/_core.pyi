@@ -34,6 +34,7 @@ __all__ = [
     "_PrometheusExposition",
     "_Section",
     "_Summary",
+    "_TensorboardConversion",
     "_TensorboardWriter",
     "_Watchdog",
     "_clock_ms",
@@ -275,6 +276,19 @@ class _PrometheusExposition:
     def stop_server(self) -> None: ...
     def close(self) -> None: ...
     def _after_fork_in_child(self) -> None: ...
+
+@final
+class _TensorboardConversion:
+    def __new__(
+        cls,
+        writer: _TensorboardWriter,
+        grouped: bool,
+        line_limit: int,
+        relay: Callable[[bytes, int], tuple[bytes, float] | bool | None],
+    ) -> _TensorboardConversion: ...
+    def feed(self, block: bytes) -> int: ...
+    @property
+    def counts(self) -> tuple[int, int]: ...
 
 @final
 class _Summary:

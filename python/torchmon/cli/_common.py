@@ -10,7 +10,7 @@ import io
 import os
 import re
 import stat
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any, cast
 
 from .._core import Event, _event_with_distribution
@@ -18,7 +18,7 @@ from .._core import Event, _event_with_distribution
 if TYPE_CHECKING:
     from pathlib import Path
 
-    from .._core import _Summary
+    from .._core import _Summary, _TensorboardConversion
     from ..handlers.jsonl import JsonlReader
 
 _EXIT_OK = 0
@@ -229,7 +229,7 @@ def _checked_reader_class() -> Any:
 def _new_summary(ranks: bool) -> _Summary:
     """``torchmon summarize``'s native reader, with the line limit above;
     ``ranks``: keep the tables across files."""
-    from .._core import _Summary
+    from .._core import _Summary, _TensorboardConversion
 
     return _Summary(_MAX_LINE_BYTES, ranks)
 
@@ -287,6 +287,25 @@ class _Log:
                 if too_long := summary.feed(block):
                     raise self._file.too_long(too_long)
             self.records = summary.feed(b"")
+        if not self.records:
+            self._check_not_foreign()
+
+    def convert(self, conversion: _TensorboardConversion, read: Callable[[int], None]) -> None:
+        """Reads the whole log into ``conversion`` (``torchmon to-tensorboard``),
+        which splits and reads the lines itself (crates/torchmon-core/src/
+        tensorboard/convert.rs); ``read`` is told the bytes read so far."""
+        done = 0
+        with self._errors(), self._file:
+            for block in self._file.blocks():
+                # The first line alone, told at once: a progress bar shows
+                # the first event before the first MiB is through.
+                cut = block.find(b"\n") + 1 if not done else 0
+                for part in (block[:cut], block[cut:]) if 0 < cut < len(block) else (block,):
+                    if too_long := conversion.feed(part):
+                        raise self._file.too_long(too_long)
+                    done += len(part)
+                    read(done)
+            self.records = conversion.feed(b"")
         if not self.records:
             self._check_not_foreign()
 

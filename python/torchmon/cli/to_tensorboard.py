@@ -9,9 +9,21 @@ import argparse
 from pathlib import Path
 from typing import Any, TextIO
 
-from .._core import STAT_EVENT, _event_with_distribution
-from ._common import _EXIT_OK, _CliError, _Log, _printable, _tensorboard_handler
+from .._core import STAT_EVENT, _event_with_distribution, _TensorboardConversion
+from ._common import (
+    _EXIT_OK,
+    _MAX_LINE_BYTES,
+    _CliError,
+    _Log,
+    _printable,
+    _tensorboard_handler,
+)
 from .demo import _Progress
+
+#: Whether the Stat lines the core is sure of are read and written by the
+#: core (crates/torchmon-core/src/tensorboard/convert.rs); False reads every
+#: line in Python, the reference the tests compare the core's files with.
+_NATIVE_READER = True
 
 
 def _event_files(directory: Path) -> list[Path]:
@@ -59,14 +71,81 @@ def _undo(logdir: Path, made: Path | None, before: set[Path]) -> None:
                 break
 
 
+def _convert_natively(
+    args: argparse.Namespace, log: _Log, handler: Any, progress: _Progress
+) -> tuple[int, int]:
+    """The log through the core's reader: a Stat line it is sure of becomes
+    the handler's scalars and histogram without a Python object; any other
+    line is read by ``log``'s reader (its messages), a Stat event then handed
+    back to the core, whose per-tag step counters it shares, and another
+    event written by the handler. Returns (scalars from Stat events, events
+    with the step field)."""
+    from ..handlers.jsonl import _encode_event
+
+    reader = log._reader
+    step_field = args.step_field
+    with_step_field = 0
+
+    def relay(raw: bytes, lineno: int) -> tuple[bytes, float] | bool | None:
+        nonlocal with_step_field
+        record = reader._line(raw, lineno)
+        if record is None:
+            return None
+        event, distribution = record
+        if event.name == STAT_EVENT:
+            if distribution is not None:
+                event = _event_with_distribution(
+                    event.name, event.timestamp, event.data, distribution
+                )
+            return _encode_event(event, distributions=True), event.timestamp.timestamp()
+        if step_field is not None and step_field in event.data:
+            with_step_field += 1
+        handler(event)
+        return True
+
+    native = handler._native
+    conversion = _TensorboardConversion(native, args.layout == "grouped", _MAX_LINE_BYTES, relay)
+
+    def read(done: int) -> None:
+        if progress.active:
+            events = conversion.counts[0]
+            progress.update(done, f"{events:,} events  {native.counts[0]:,} scalars")
+
+    log.convert(conversion, read)
+    return conversion.counts[1], with_step_field
+
+
+def _convert_in_python(
+    args: argparse.Namespace, log: _Log, handler: Any, progress: _Progress
+) -> tuple[int, int]:
+    """Every line through ``log``'s Python reader and the handler."""
+    native = handler._native
+    from_stats = 0  # the handler writes every number of a Stat event
+    with_step_field = 0
+    for event, distribution in log:
+        if distribution is not None:
+            event = _event_with_distribution(event.name, event.timestamp, event.data, distribution)
+        name = event.name
+        if name == STAT_EVENT:
+            # The handler's own path (what handler(event) runs), with
+            # the number of scalars it wrote.
+            from_stats += handler._write_stat_natively(native, event)
+        else:
+            if args.step_field is not None and args.step_field in event.data:
+                with_step_field += 1
+            handler(event)
+        if progress.active:
+            progress.update(log.bytes_read, f"{log.records:,} events  {native.counts[0]:,} scalars")
+    return from_stats, with_step_field
+
+
 def run(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     # With the stored distributions: each becomes a histogram, as live.
     log = _Log(args.file, "raise", distributions=True)
     logdir, made = _prepare_conversion_logdir(args.logdir, append=args.append)
     before = set(_event_files(logdir))
     progress = _Progress(log.size, err)
-    from_stats = 0  # the handler writes every number of a Stat event
-    with_step_field = 0
+    from_stats = with_step_field = 0
     counts = (0, 0)
     try:
         try:
@@ -76,24 +155,10 @@ def run(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
         native = handler._native
         assert native is not None
         try:
-            for event, distribution in log:
-                if distribution is not None:
-                    event = _event_with_distribution(
-                        event.name, event.timestamp, event.data, distribution
-                    )
-                name = event.name
-                if name == STAT_EVENT:
-                    # The handler's own path (what handler(event) runs), with
-                    # the number of scalars it wrote.
-                    from_stats += handler._write_stat_natively(native, event)
-                else:
-                    if args.step_field is not None and args.step_field in event.data:
-                        with_step_field += 1
-                    handler(event)
-                if progress.active:
-                    progress.update(
-                        log.bytes_read, f"{log.records:,} events  {native.counts[0]:,} scalars"
-                    )
+            if _NATIVE_READER:
+                from_stats, with_step_field = _convert_natively(args, log, handler, progress)
+            else:
+                from_stats, with_step_field = _convert_in_python(args, log, handler, progress)
         finally:
             progress.clear()
             # Writes what is queued; a write that failed said so on stderr.

@@ -51,6 +51,9 @@ pub struct StoredDistribution {
 #[derive(Clone, Debug, PartialEq)]
 pub struct Record<'a> {
     pub name: Cow<'a, str>,
+    /// As the line has it; and its `fold` (0 when left out).
+    pub timestamp: Cow<'a, str>,
+    pub fold: bool,
     pub data: Vec<(Cow<'a, str>, Value)>,
     pub distribution: Option<StoredDistribution>,
     /// Whether Python's reader reads the line as the same event: false when
@@ -109,20 +112,21 @@ impl<'de> Visitor<'de> for RecordVisitor {
 
     fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Record<'de>, A::Error> {
         let (mut name, mut timestamp, mut fold, mut data, mut distribution) =
-            (None, None, false, None, None);
+            (None, None, None, None, None);
         while let Some(key) = map.next_key::<Text<'de>>()? {
             match &*key.0 {
                 "name" if name.is_none() => name = Some(map.next_value::<Text<'de>>()?.0),
                 "timestamp" if timestamp.is_none() => {
-                    let text = map.next_value::<Text<'de>>()?;
-                    timestamp = Some(is_isoformat(text.0.as_bytes()));
+                    let text = map.next_value::<Text<'de>>()?.0;
+                    timestamp = Some((is_isoformat(text.as_bytes()), text));
                 }
-                "fold" if !fold => {
+                "fold" if fold.is_none() => {
                     // 0 or 1 exactly: true, 1.0 and null are Python's to refuse.
-                    if map.next_value::<u64>()? > 1 {
-                        return Err(not_handled());
+                    match map.next_value::<u64>()? {
+                        0 => fold = Some(false),
+                        1 => fold = Some(true),
+                        _ => return Err(not_handled()),
                     }
-                    fold = true;
                 }
                 "data" if data.is_none() => data = Some(map.next_value_seed(DataSeed)?),
                 "distribution" if distribution.is_none() => {
@@ -131,7 +135,8 @@ impl<'de> Visitor<'de> for RecordVisitor {
                 _ => return Err(not_handled()),
             }
         }
-        let (Some(name), Some(usual_timestamp), Some(data)) = (name, timestamp, data) else {
+        let (Some(name), Some((usual_timestamp, timestamp)), Some(data)) = (name, timestamp, data)
+        else {
             return Err(not_handled());
         };
         let distribution = distribution.flatten();
@@ -145,6 +150,8 @@ impl<'de> Visitor<'de> for RecordVisitor {
         let sure = usual_timestamp && numbers.chain(stored).all(plain_float);
         Ok(Record {
             name,
+            timestamp,
+            fold: fold.unwrap_or(false),
             data,
             distribution,
             sure,

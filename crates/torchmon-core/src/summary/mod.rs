@@ -40,7 +40,7 @@ pub enum FeedError<E> {
 /// A stored distribution checked by the rules of docs/api.md
 /// ("Distribution"), or `NotHandled`: the Python reader then says why it is
 /// not valid.
-fn checked(stored: StoredDistribution) -> Result<Distribution, NotHandled> {
+pub(crate) fn checked(stored: StoredDistribution) -> Result<Distribution, NotHandled> {
     if let Some(scale) = stored.scale {
         check_scale(i128::from(scale)).map_err(|_| NotHandled)?;
     }

@@ -13,6 +13,7 @@
 //! A forked child writes nothing: the writer belongs to the process that
 //! made it (docs/internals.md, "Fork").
 
+pub mod convert;
 mod proto;
 mod record;
 
