@@ -19,7 +19,9 @@ Run:  python benches/bench_tensorboard.py [--windows 2000] [--repeats 5] [--log-
    ``--log-mb`` MB, ~14,000 lines, ~4 scalars a line), in this process,
    against a bare ``json.loads`` loop over the same file: process CPU
    (``time.process_time``, the writer thread included), the minimum and
-   median of the repeats, and their ratio.
+   median of the repeats, and their ratios; both as shipped (the Stat lines
+   read in the core) and with every line through the Python reader
+   (``to_tensorboard._NATIVE_READER = False``).
 
 Figures: docs/performance.md, "TensorBoard".
 """
@@ -195,31 +197,48 @@ def make_log(path: Path, megabytes: float) -> tuple[int, int]:
 
 
 def bench_to_tensorboard(megabytes: float, repeats: int) -> None:
-    from torchmon.cli import main
+    from torchmon.cli import main, to_tensorboard
+
+    def convert(log: Path, out: Path, *, native: bool) -> None:
+        shutil.rmtree(out, ignore_errors=True)
+        to_tensorboard._NATIVE_READER = native
+        try:
+            with contextlib.redirect_stdout(io.StringIO()):
+                assert main(["to-tensorboard", str(log), str(out)]) == 0
+        finally:
+            to_tensorboard._NATIVE_READER = True
 
     with tempfile.TemporaryDirectory() as tmp:
         log = Path(tmp) / "log.jsonl"
         lines, size = make_log(log, megabytes)
         print(f"2. to-tensorboard on {size / 1e6:.1f} MB, {lines} lines (CPU s, process)")
-        loads, converts = [], []
+        times: dict[str, list[float]] = {
+            "json.loads loop": [],
+            "to-tensorboard, Python reader": [],
+            "to-tensorboard": [],
+        }
         for _ in range(repeats):
             start = time.process_time()
             with log.open("rb") as f:
                 for line in f:
                     json.loads(line)
-            loads.append(time.process_time() - start)
-            out = Path(tmp) / "out"
-            shutil.rmtree(out, ignore_errors=True)
-            start = time.process_time()
-            with contextlib.redirect_stdout(io.StringIO()):
-                assert main(["to-tensorboard", str(log), str(out)]) == 0
-            converts.append(time.process_time() - start)
-        for name, times in (("json.loads loop", loads), ("to-tensorboard", converts)):
-            print(f"   {name:20s} min {min(times):.3f}  median {statistics.median(times):.3f}")
-        print(
-            f"   ratio (min/min) {min(converts) / min(loads):.2f}x, "
-            f"(median/median) {statistics.median(converts) / statistics.median(loads):.2f}x"
-        )
+            times["json.loads loop"].append(time.process_time() - start)
+            # The reader of every line before the core's (the reference the
+            # tests compare with), then the command as shipped.
+            for name, native in (
+                ("to-tensorboard, Python reader", False),
+                ("to-tensorboard", True),
+            ):
+                start = time.process_time()
+                convert(log, Path(tmp) / "out", native=native)
+                times[name].append(time.process_time() - start)
+        loads = times["json.loads loop"]
+        for name, spent in times.items():
+            ratio = statistics.median(spent) / statistics.median(loads)
+            print(
+                f"   {name:30s} min {min(spent):.3f}  median {statistics.median(spent):.3f}"
+                f"  (median/median {ratio:.2f}x, min/min {min(spent) / min(loads):.2f}x)"
+            )
 
 
 def main() -> None:

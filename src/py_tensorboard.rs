@@ -13,7 +13,7 @@ use pyo3::types::{PyBool, PyBytes};
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use torchmon_core::tensorboard::convert::{ConvertError, Conversion, Relayed};
+use torchmon_core::tensorboard::convert::{Conversion, ConvertError, Relayed};
 use torchmon_core::tensorboard::{EventFileWriter, SummaryEvent, Written};
 
 #[pyclass(module = "torchmon._core", frozen, weakref)]
@@ -176,7 +176,10 @@ impl _TensorboardConversion {
         };
         let result = match block {
             [] => self.conversion.finish(&mut call, &mut emit),
-            _ => self.conversion.feed(block, &mut call, &mut emit).map(|()| 0),
+            _ => self
+                .conversion
+                .feed(block, &mut call, &mut emit)
+                .map(|()| 0),
         };
         match result {
             Ok(n) | Err(ConvertError::LineTooLong(n)) => Ok(n),

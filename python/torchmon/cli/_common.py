@@ -229,7 +229,7 @@ def _checked_reader_class() -> Any:
 def _new_summary(ranks: bool) -> _Summary:
     """``torchmon summarize``'s native reader, with the line limit above;
     ``ranks``: keep the tables across files."""
-    from .._core import _Summary, _TensorboardConversion
+    from .._core import _Summary
 
     return _Summary(_MAX_LINE_BYTES, ranks)
 

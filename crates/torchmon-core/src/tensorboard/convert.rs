@@ -18,8 +18,8 @@ use super::SummaryEvent;
 use crate::aggregation::TABLE;
 use crate::histogram::Distribution;
 use crate::stat::STAT_EVENT;
-use crate::summary::line::{self, Value};
 use crate::summary::checked;
+use crate::summary::line::{self, Value};
 
 /// What the relay made of a line the core left to it.
 #[derive(Debug, Clone, PartialEq)]
