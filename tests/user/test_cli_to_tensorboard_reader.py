@@ -183,6 +183,8 @@ def new_york() -> Iterator[None]:
     os.environ["TZ"] = "America/New_York"
     time.tzset()
     try:
+        if not time.daylight:
+            pytest.skip("no zone data for America/New_York (tzdata)")
         yield
     finally:
         if saved is None:
