@@ -3,7 +3,8 @@
 of every line (``to_tensorboard._NATIVE_READER = False``): the same scalars
 and histograms read back by TensorBoard's EventAccumulator, the same records
 in the event file, the same output and the same errors, over logs that mix
-the lines the core is sure of with those it leaves to Python."""
+the lines the core is sure of with those it leaves to Python, and any mix
+of such lines (hypothesis)."""
 
 from __future__ import annotations
 
@@ -14,11 +15,13 @@ import os
 import struct
 import time
 from collections.abc import Iterator
-from datetime import timedelta
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 import torchmon
 from torchmon import Aggregation, JsonlEventHandler, Stat
@@ -273,3 +276,60 @@ def test_the_progress_counts_of_a_core_read_log(tmp_path):
     assert out.startswith("wrote ")
     assert "from other events" in out and ", 0 from other events" in out
     assert "NaN or infinite" in err
+
+
+# --- any mix of lines ---------------------------------------------------------
+
+
+KEYS = ["a.mean", "a.max", "a.p50", "b.count", "c", ".mean", "a/mean", "epoch"]
+
+
+def _json_value(value: object) -> object:
+    if isinstance(value, float) and value != value:
+        return {"$float": "nan"}
+    if isinstance(value, float) and value in (float("inf"), float("-inf")):
+        return {"$float": "inf" if value > 0 else "-inf"}
+    return value
+
+
+values = st.one_of(
+    st.floats(allow_nan=True, allow_infinity=True),
+    st.integers(-(2**63), 2**63 - 1),
+    st.booleans(),
+    st.sampled_from(["text", ""]),
+)
+stamps = st.tuples(
+    st.datetimes(min_value=datetime(1960, 1, 1), max_value=datetime(2100, 12, 31)),
+    st.sampled_from(["", "+00:00", "+05:30", "-08:00", " "]),
+    st.sampled_from([0, 1]),
+)
+
+
+@st.composite
+def lines(draw: st.DrawFn) -> str:
+    moment, zone, fold = draw(stamps)
+    stamp = moment.isoformat() + zone if zone != " " else moment.isoformat(" ")
+    data = draw(st.dictionaries(st.sampled_from(KEYS), values, max_size=5))
+    record: dict[str, Any] = {
+        "name": draw(st.sampled_from([STAT, STAT, STAT, "train.epoch"])),
+        "timestamp": stamp,
+        "data": {key: _json_value(value) for key, value in data.items()},
+    }
+    if fold:
+        record["fold"] = 1
+    return json.dumps(record)
+
+
+@settings(
+    max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(st.lists(lines(), min_size=1, max_size=30), st.sampled_from(["torch", "grouped"]))
+def test_any_mix_of_lines_converts_alike(tmp_path_factory, log_lines, layout):
+    tmp = tmp_path_factory.mktemp("mix")
+    log = tmp / "log.jsonl"
+    log.write_text("\n".join(log_lines) + "\n")
+    native = convert(log, tmp / "native", "--layout", layout, "--step-field", "epoch", native=True)
+    python = convert(log, tmp / "python", "--layout", layout, "--step-field", "epoch", native=False)
+    assert native == python
+    if native[0] == 0:
+        assert records(tmp / "native") == records(tmp / "python")
