@@ -14,7 +14,7 @@ use pyo3::types::{PyDict, PyString, PyTuple};
 
 use crate::py_convert::{arg_type_error, arg_value_error};
 use crate::py_stat::Stat;
-use torchmon_core::watchdog::{Config, Report, Shared, Watchdog};
+use torchmon_core::watchdog::{Config, InterpreterLock, Report, Shared, Watchdog};
 
 const CALL: &str = "Watchdog";
 
@@ -254,17 +254,30 @@ impl PySection {
 
 /// Dumps go through faulthandler, registered by the package for `signal` on
 /// `fd` (every thread), just now; they hold the GIL when they can get it
-/// (`hold_gil`).
+/// (`attach_gil`, `release_gil`).
 #[pyfunction]
 pub fn _set_stack_dumper(signal: i32, fd: i32) -> PyResult<()> {
-    torchmon_core::watchdog::set_stack_dumper(signal, fd, Some(hold_gil)).map_err(PyErr::from)
+    let lock = InterpreterLock {
+        attach: attach_gil,
+        release: release_gil,
+    };
+    torchmon_core::watchdog::set_stack_dumper(signal, fd, Some(lock)).map_err(PyErr::from)
 }
 
-/// The core's `HoldInterpreterLock`: runs `held` on the calling thread (a
-/// helper of the watchdog's) holding the GIL; false when the interpreter is
+/// The core's `InterpreterLock::attach`: runs `body` on the calling thread
+/// (the watchdog's GIL helper) attached; false when the interpreter is
 /// finalizing (`try_attach`).
-fn hold_gil(held: &mut dyn FnMut()) -> bool {
-    Python::try_attach(|_py| held()).is_some()
+fn attach_gil(body: &mut dyn FnMut()) -> bool {
+    Python::try_attach(|_py| body()).is_some()
+}
+
+/// The core's `InterpreterLock::release`: `f` with the GIL released.
+fn release_gil(f: &mut (dyn FnMut() + Send)) {
+    // SAFETY: the core calls `release` only inside `attach`'s body, on the
+    // thread `attach_gil` attached (stack_dump.rs, `InterpreterLock`), so
+    // this thread is attached now.
+    let py = unsafe { Python::assume_attached() };
+    py.detach(f);
 }
 
 /// Whether a handler other than the default is installed for `signal`, in

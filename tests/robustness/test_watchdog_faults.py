@@ -134,6 +134,8 @@ time.sleep(600)
 
 
 def start_server(port: int) -> subprocess.Popen[str]:
+    """A real c10d TCPStore server in a process of its own (needs torch)."""
+    pytest.importorskip("torch")
     server = subprocess.Popen(
         [sys.executable, "-c", SERVER, str(port)],
         stdin=subprocess.DEVNULL,
@@ -144,6 +146,7 @@ def start_server(port: int) -> subprocess.Popen[str]:
     assert server.stdout is not None
     if server.stdout.readline().strip() != "ready":
         stop_group(server)  # type: ignore[arg-type]
+        server.stdout.close()
         pytest.fail("the store server did not start")
     return server
 

@@ -39,7 +39,7 @@ mod sections;
 mod stack_dump;
 
 pub use sections::Sections;
-pub use stack_dump::{GIL_WAIT, HoldInterpreterLock, set_stack_dumper, signal_is_taken};
+pub use stack_dump::{GIL_WAIT, InterpreterLock, set_stack_dumper, signal_is_taken};
 
 /// The beat intervals kept for the p99: the last this many.
 pub const KEPT_INTERVALS: usize = 1024;
@@ -495,6 +495,9 @@ impl Watchdog {
         if let Some(thread) = thread {
             let _ = thread.join();
         }
+        // Its GIL helper too, which must not outlive the interpreter (a
+        // watchdog still running arms a new one).
+        stack_dump::stop_probe(Duration::from_secs(1));
         // The watchdog's thread is gone, and with it the sender: the
         // delivering thread ends once it delivered what was sent, unless a
         // report is stuck (a handler waiting for a lock the closing thread
@@ -570,7 +573,8 @@ fn watch(shared: &Shared, report: impl Fn(Report)) {
             None => {
                 let stalled_ms = shared.stalled_ms();
                 let timeout_ms = shared.timeout_ms();
-                if shared.dump_dir.is_some() && stalled_ms + POLL_MS as i64 >= timeout_ms {
+                let ahead_ms = stack_dump::arm_ahead().as_millis() as i64;
+                if shared.dump_dir.is_some() && stalled_ms + ahead_ms >= timeout_ms {
                     // The next look may find a hang: its dump should know
                     // by then whether the GIL can be had.
                     stack_dump::arm();

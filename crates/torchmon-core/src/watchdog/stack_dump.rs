@@ -13,7 +13,7 @@
 //! walk runs while some thread holds the GIL, during which no thread state
 //! is unlinked:
 //!
-//! - a helper thread takes the GIL (the embedder's `HoldInterpreterLock`)
+//! - a helper thread takes the GIL (the embedder's `InterpreterLock`)
 //!   and holds it while the watchdog's thread raises the signal: "holding
 //!   the GIL";
 //! - if the helper has not had it for `GIL_WAIT`, another thread holds it
@@ -36,13 +36,25 @@ use parking_lot::{Condvar, Mutex};
 
 use crate::fork_safe::ForkSafeMutex;
 
-/// How long a dump waits for the helper to take the GIL.
-pub const GIL_WAIT: Duration = Duration::from_millis(100);
+/// How long the helper must have been without the GIL for a dump to go
+/// without it. A loaded machine with dozens of Python threads passes the
+/// GIL around in well under this; a C call that keeps it keeps it longer.
+pub const GIL_WAIT: Duration = Duration::from_millis(500);
 
-/// The embedder's interpreter lock: blocks until the calling thread holds
-/// it, runs the function, releases it; false (the function not run) when
-/// it cannot be taken (the interpreter is finalizing).
-pub type HoldInterpreterLock = fn(&mut dyn FnMut()) -> bool;
+/// The embedder's interpreter lock (the GIL), for the helper thread:
+/// `attach(body)` attaches the calling thread (a thread state made once,
+/// the lock taken), runs `body`, detaches; false (`body` not run) when it
+/// cannot attach (the interpreter is finalizing). Inside `body`,
+/// `release(f)` runs `f` with the lock released and takes it back, the
+/// thread state kept: the helper takes and releases the GIL many times
+/// while making one thread state. (Making one takes the interpreter's
+/// thread-list lock without the GIL, and CPython 3.9 and 3.10 hang a child
+/// forked while another thread holds that lock.)
+#[derive(Clone, Copy)]
+pub struct InterpreterLock {
+    pub attach: fn(&mut dyn FnMut()) -> bool,
+    pub release: fn(&mut (dyn FnMut() + Send)),
+}
 
 /// The process's faulthandler registration.
 #[derive(Clone, Copy)]
@@ -55,7 +67,7 @@ struct Registration {
     /// faulthandler's handler as installed: another one found at a dump
     /// (removed, or replaced by a handler of the program's) gets no raise.
     handler: libc::sighandler_t,
-    hold: Option<HoldInterpreterLock>,
+    hold: Option<InterpreterLock>,
 }
 
 /// One per process: faulthandler holds one descriptor per signal. Its lock
@@ -74,7 +86,7 @@ static WARNED: AtomicBool = AtomicBool::new(false);
 pub fn set_stack_dumper(
     signal: i32,
     target_fd: i32,
-    hold: Option<HoldInterpreterLock>,
+    hold: Option<InterpreterLock>,
 ) -> std::io::Result<()> {
     // SAFETY: `dup` only reads the descriptor table; an invalid descriptor
     // gives -1, handled below.
@@ -201,8 +213,16 @@ pub(super) fn dump_signal() -> Option<i32> {
         .map(|registration| registration.signal)
 }
 
-/// How long an armed probe keeps going without a dump.
-const ARMED_FOR: Duration = Duration::from_millis(300);
+/// How long an armed probe keeps going without a dump: until past the
+/// hang it was armed for (`arm_ahead`).
+const ARMED_FOR: Duration = Duration::from_millis(700);
+
+/// How long before a hang is due the probe is armed: long enough that a
+/// GIL held since the last beat has been out of its reach for `GIL_WAIT`
+/// when the hang is found.
+pub(super) fn arm_ahead() -> Duration {
+    GIL_WAIT + Duration::from_millis(super::POLL_MS)
+}
 
 /// The helper thread that takes the GIL for dumps: armed a poll before a
 /// hang is due (`arm`), it takes and releases the GIL every few
@@ -226,6 +246,10 @@ struct ProbeState {
     held_for: u64,
     /// The last dump done: the helper may release the GIL.
     released: u64,
+    /// Set by `stop_probe`: the helper ends at its next look.
+    stopped: bool,
+    /// Set by the helper as it ends.
+    ended: bool,
 }
 
 /// The probe of this process, while its helper runs. Replaced in a forked
@@ -245,7 +269,7 @@ pub(super) fn arm() {
     }
 }
 
-fn armed(hold: HoldInterpreterLock) -> Option<Arc<Probe>> {
+fn armed(hold: InterpreterLock) -> Option<Arc<Probe>> {
     let mut current = PROBE.lock();
     let now = Instant::now();
     if let Some(probe) = current.as_ref() {
@@ -261,50 +285,85 @@ fn armed(hold: HoldInterpreterLock) -> Option<Arc<Probe>> {
             requested: 0,
             held_for: 0,
             released: 0,
+            stopped: false,
+            ended: false,
         }),
         changed: Condvar::new(),
     });
     let helper = Arc::clone(&probe);
     let builder = std::thread::Builder::new().name("torchmon-wd-gil".into());
-    crate::threads::spawn(builder, move || probe_gil(&helper, hold)).ok()?;
+    crate::threads::spawn(builder, move || {
+        probe_gil(&helper, hold);
+        helper.state.lock().ended = true;
+        helper.changed.notify_all();
+    })
+    .ok()?;
     *current = Some(Arc::clone(&probe));
     Some(probe)
 }
 
-/// The helper's loop: take the GIL, note it, hold it if a dump asks, release
-/// it; until disarmed with no dump waiting.
-fn probe_gil(probe: &Arc<Probe>, hold: HoldInterpreterLock) {
-    loop {
-        let took = hold(&mut || {
-            let mut state = probe.state.lock();
-            state.last_held = Some(Instant::now());
-            if state.requested > state.released {
-                state.held_for = state.requested;
-                probe.changed.notify_all();
-                while state.released < state.held_for {
-                    probe.changed.wait(&mut state);
+/// The helper: attached once, it notes each time it has the GIL, holds it
+/// while a dump asks, and releases it for 2 ms at a time; until disarmed
+/// with no dump waiting, or stopped.
+fn probe_gil(probe: &Arc<Probe>, lock: InterpreterLock) {
+    let attached = (lock.attach)(&mut || {
+        loop {
+            {
+                let mut state = probe.state.lock();
+                state.last_held = Some(Instant::now());
+                if state.requested > state.released {
+                    state.held_for = state.requested;
+                    probe.changed.notify_all();
+                    while state.released < state.held_for {
+                        probe.changed.wait(&mut state);
+                    }
                 }
             }
-        });
-        let mut current = PROBE.lock();
-        let mut state = probe.state.lock();
-        if !took {
-            state.refused = true;
-            probe.changed.notify_all();
-        }
-        let idle = state.requested == state.released;
-        if !took || (idle && Instant::now() >= state.armed_until) {
-            if current
-                .as_ref()
-                .is_some_and(|live| Arc::ptr_eq(live, probe))
-            {
-                *current = None;
+            if probe_ends(probe) {
+                return;
             }
-            return;
+            let pause = &mut || std::thread::sleep(Duration::from_millis(2));
+            (lock.release)(pause);
         }
-        drop(state);
-        drop(current);
-        std::thread::sleep(Duration::from_millis(2));
+    });
+    if !attached {
+        probe.state.lock().refused = true;
+        probe.changed.notify_all();
+        probe_ends(probe);
+    }
+}
+
+/// Whether the helper ends now (disarmed with no dump waiting, stopped, or
+/// refused); if so, the probe is no longer the process's.
+fn probe_ends(probe: &Arc<Probe>) -> bool {
+    let mut current = PROBE.lock();
+    let state = probe.state.lock();
+    let idle = state.requested == state.released;
+    let ends = state.stopped || state.refused || (idle && Instant::now() >= state.armed_until);
+    if ends
+        && current
+            .as_ref()
+            .is_some_and(|live| Arc::ptr_eq(live, probe))
+    {
+        *current = None;
+    }
+    ends
+}
+
+/// Stops the probe and waits (at most `wait`) until its helper no longer
+/// runs: called as a watchdog closes, before the interpreter ends (a helper
+/// taking the GIL back after that would be ended by CPython inside Rust
+/// frames). A dump armed later starts a new one.
+pub(super) fn stop_probe(wait: Duration) {
+    let Some(probe) = PROBE.lock().take() else {
+        return;
+    };
+    let deadline = Instant::now() + wait;
+    let mut state = probe.state.lock();
+    state.stopped = true;
+    probe.changed.notify_all();
+    while !state.ended && Instant::now() < deadline {
+        probe.changed.wait_until(&mut state, deadline);
     }
 }
 
@@ -317,7 +376,7 @@ struct Holder {
 
 impl Holder {
     /// Asks the probe (armed now if it was not) to hold the GIL for a dump.
-    fn start(hold: HoldInterpreterLock) -> Option<Holder> {
+    fn start(hold: InterpreterLock) -> Option<Holder> {
         let probe = armed(hold)?;
         let dump = {
             let mut state = probe.state.lock();
