@@ -114,7 +114,10 @@ def test_a_symlink_planted_at_the_flight_recorder_name_is_not_followed(tmp_path:
     assert counters.is_file() and not counters.is_symlink()
     json.loads(counters.read_text())
     assert os.path.islink(base + ".flight-recorder.json")
-    lines = [line for line in stderr.splitlines() if line.strip()]
+    # torchmon's lines: torch's own warnings (gloo's "Unable to resolve
+    # hostname" where the host name has no address, as in CI's 3.14 root)
+    # are not this test's.
+    lines = [line for line in stderr.splitlines() if line.startswith("torchmon")]
     assert lines == [
         f"torchmon: the watchdog could not write {base}.flight-recorder.json: "
         "a file or symlink is already there (left as it is)"
