@@ -92,7 +92,7 @@ def test_dumps_while_threads_start_and_end_never_crash_and_are_whole(
     assert proc.returncode == 0, proc.stderr[-3000:]
     files = sorted(dumps.glob("hang-*.txt"))
     assert len(files) >= 5, proc.stderr[-3000:]
-    in_the_stall = on_this_path = 0
+    in_the_stall = on_this_path = cut_short = 0
     for file in files:
         text = file.read_text()
         header, _, stacks = text.partition("most recent call first.\n")
@@ -100,6 +100,13 @@ def test_dumps_while_threads_start_and_end_never_crash_and_are_whole(
         # The path taken, then every thread, the main one down to its module.
         assert stacks.startswith(tuple(_PATHS.values())), text
         on_this_path += stacks.startswith(_PATHS[how])
+        if sys.version_info >= (3, 14) and "<freed thread state>" in stacks:
+            # CPython 3.14's faulthandler stops its walk at a thread state it
+            # takes for freed, now and then even with the helper holding the
+            # GIL (1 dump of about 30 in CI's 3.14 root; docs/watchdog.md,
+            # "How the stacks are taken"): a dump cut short, not a crash.
+            cut_short += 1
+            continue
         assert re.search(r'File "<string>", line \d+ in <module>', stacks), text
         in_the_stall += bool(re.search(r"line \d+ in main_thread_stalls", stacks))
     # A dump taken as the stall ends (the GIL free) may find the main thread
@@ -108,8 +115,9 @@ def test_dumps_while_threads_start_and_end_never_crash_and_are_whole(
     # helper's reach for the whole wait now and then (one dump in about
     # 600, on CPython 3.9 under CI's load): most dumps, not all, take the
     # path of their kind.
+    assert cut_short <= len(files) // 4, (cut_short, len(files))
     if how == "held":
-        assert in_the_stall == on_this_path == len(files)
+        assert in_the_stall + cut_short == on_this_path == len(files)
     else:
         assert in_the_stall >= len(files) // 2, (in_the_stall, len(files))
         assert on_this_path >= len(files) // 2, (on_this_path, len(files))
